@@ -1,0 +1,48 @@
+//! `sluice demo`: the README's first command. Generates TPC-H SF 0.1 into `./sluice-data` unless it is
+//! already there, then runs the 22 queries and prints the timing table.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use sluice_engine::tpch::bench::{BenchOptions, open_tpch_data};
+use sluice_engine::tpch::{GenOptions, QUERY_NUMBERS};
+use sluice_engine::{Result, SluiceConfig, SluiceSession};
+use tokio::runtime::Runtime;
+
+use super::tpch::{default_threads, generate_with_progress, run_and_report};
+
+/// Arguments of `sluice demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Where the TPC-H data lives (generated if absent).
+    #[arg(long, value_name = "DIR", default_value = "sluice-data")]
+    pub data: PathBuf,
+    /// Scale factor of the generated data.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub scale: f64,
+    /// Runs per query.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub iterations: usize,
+}
+
+/// Runs the demo.
+pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
+    let gen_options = GenOptions {
+        scale_factor: args.scale,
+        out: args.data.clone(),
+        parts: None,
+        force: false,
+        threads: default_threads(),
+    };
+    generate_with_progress(&gen_options)?;
+    let mut session = SluiceSession::new(config)?;
+    let scale_factor = runtime.block_on(open_tpch_data(&mut session, &args.data, None))?;
+    let options = BenchOptions {
+        queries: QUERY_NUMBERS.collect(),
+        iterations: args.iterations.max(1),
+        verify: false,
+        scale_factor,
+    };
+    run_and_report(&session, &options, None, runtime)
+}

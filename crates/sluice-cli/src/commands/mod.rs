@@ -1,0 +1,31 @@
+//! The `sluice` sub-commands, one module each. `run` dispatches.
+
+mod config;
+mod demo;
+mod slt;
+mod sql;
+mod tpch;
+
+use std::process::ExitCode;
+
+use sluice_engine::{Result, SluiceConfig};
+use tokio::runtime::Runtime;
+
+pub use config::ConfigArgs;
+pub use demo::DemoArgs;
+pub use slt::SltArgs;
+pub use sql::{SqlArgs, run_statements};
+pub use tpch::TpchCommand;
+
+use crate::Command;
+
+/// Runs one command to completion.
+pub fn run(command: Command, config: SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
+    match command {
+        Command::Sql(args) => sql::run(args, &config, runtime),
+        Command::Tpch(command) => tpch::run(command, &config, runtime),
+        Command::Demo(args) => demo::run(args, &config, runtime),
+        Command::Slt(args) => slt::run(args, &config, runtime),
+        Command::Config(args) => config::run(args, &config),
+    }
+}

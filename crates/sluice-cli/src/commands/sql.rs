@@ -1,0 +1,123 @@
+//! `sluice sql`: run SQL from an argument, a file, stdin or the interactive shell.
+
+use std::io::{BufWriter, IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use futures::StreamExt;
+use sluice_engine::catalog::{discover_tables, parse_table_arg};
+use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
+use tokio::runtime::Runtime;
+
+use crate::cancel::until_ctrl_c;
+use crate::output::{OutputFormat, ResultWriter};
+use crate::shell;
+
+/// Where tables come from.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// Directory whose *.parquet / *.csv files and sub-directories become tables named after them.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// One table from a file or a directory of files (repeatable).
+    #[arg(long = "table", value_name = "NAME=PATH")]
+    pub tables: Vec<String>,
+}
+
+impl TableArgs {
+    /// Registers every table these arguments name.
+    pub async fn register(&self, session: &mut SluiceSession) -> Result<()> {
+        if let Some(dir) = &self.data {
+            for source in discover_tables(dir)? {
+                session.register_table(source).await?;
+            }
+        }
+        for arg in &self.tables {
+            session.register_table(parse_table_arg(arg)?).await?;
+        }
+        Ok(())
+    }
+
+    /// A session for `config` with these tables registered.
+    pub async fn open_session(&self, config: &SluiceConfig) -> Result<SluiceSession> {
+        let mut session = SluiceSession::new(config)?;
+        self.register(&mut session).await?;
+        Ok(session)
+    }
+}
+
+/// Arguments of `sluice sql`.
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// SQL to run; several statements are separated by ';'. Without it (and without -f) statements are
+    /// read from stdin, or an interactive shell starts when stdin is a terminal.
+    pub query: Option<String>,
+    /// Read SQL from this file.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "query"
+    )]
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tables: TableArgs,
+    /// Result format on stdout.
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+}
+
+/// Runs `sluice sql`.
+pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
+    let session = runtime.block_on(args.tables.open_session(config))?;
+    let sql = match (&args.query, &args.file) {
+        (Some(query), _) => query.clone(),
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).map_err(|e| SluiceError::io(path, e))?
+        }
+        (None, None) if std::io::stdin().is_terminal() => {
+            shell::run(&session, runtime, args.format)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        (None, None) => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| SluiceError::io("<stdin>", e))?;
+            text
+        }
+    };
+    runtime.block_on(until_ctrl_c(run_statements(&session, &sql, args.format)))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs each statement in `sql` in order, streaming its result to stdout and its row count and time
+/// to stderr. Stops at the first error.
+pub async fn run_statements(
+    session: &SluiceSession,
+    sql: &str,
+    format: OutputFormat,
+) -> Result<()> {
+    let statements = session.parse_sql(sql)?;
+    if statements.is_empty() {
+        return Err(SluiceError::invalid("no SQL statement given"));
+    }
+    for statement in statements {
+        let start = Instant::now();
+        let mut stream = session.execute_statement(statement).await?;
+        let mut writer =
+            ResultWriter::new(format, stream.schema(), BufWriter::new(std::io::stdout()));
+        let mut rows = 0usize;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            rows += batch.num_rows();
+            writer.write(batch)?;
+        }
+        writer.finish()?;
+        let noun = if rows == 1 { "row" } else { "rows" };
+        eprintln!("{rows} {noun} in {:.3}s", start.elapsed().as_secs_f64());
+    }
+    Ok(())
+}

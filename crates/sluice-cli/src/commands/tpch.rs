@@ -1,0 +1,235 @@
+//! `sluice tpch gen` and `sluice tpch run`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use sluice_engine::tpch::bench::{
+    BenchEvent, BenchOptions, BenchReport, open_tpch_data, run_benchmark,
+};
+use sluice_engine::tpch::{GenEvent, GenOptions, Manifest, QUERY_NUMBERS, generate};
+use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
+use tokio::runtime::Runtime;
+
+use crate::cancel::until_ctrl_c;
+use crate::progress;
+
+/// `sluice tpch …`.
+#[derive(Debug, Subcommand)]
+pub enum TpchCommand {
+    /// Generate the 8 TPC-H tables as Parquet (re-running skips finished tables).
+    Gen(GenArgs),
+    /// Run TPC-H queries and print their timings.
+    Run(RunArgs),
+}
+
+/// Arguments of `sluice tpch gen`.
+#[derive(Debug, Args)]
+pub struct GenArgs {
+    /// Scale factor (1 ≈ 1 GB of raw data, 6 million lineitem rows).
+    #[arg(long, allow_negative_numbers = true)]
+    pub scale: f64,
+    /// Output directory (one sub-directory per table).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Files per large table [default: max(4, 4 × SF)].
+    #[arg(long, value_name = "N")]
+    pub parts: Option<usize>,
+    /// Replace data of another scale factor in DIR.
+    #[arg(long)]
+    pub force: bool,
+    /// Generator threads [default: the number of CPUs].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// Arguments of `sluice tpch run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Directory written by `sluice tpch gen`.
+    #[arg(long, value_name = "DIR")]
+    pub data: PathBuf,
+    /// Query to run, 1 to 22 (repeatable) [default: all 22].
+    #[arg(
+        long = "query",
+        short = 'q',
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
+    pub queries: Vec<i64>,
+    /// Runs per query; the table shows min and median.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub iterations: usize,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Compare every result with the official TPC-H answers (scale factor 1 only).
+    #[arg(long)]
+    pub verify: bool,
+    /// Scale factor of the data [default: read from DIR/tpch.json].
+    #[arg(long, allow_negative_numbers = true)]
+    pub scale: Option<f64>,
+}
+
+/// Runs a `tpch` sub-command.
+pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
+    match command {
+        TpchCommand::Gen(args) => {
+            let options = GenOptions {
+                scale_factor: args.scale,
+                out: args.out,
+                parts: args.parts,
+                force: args.force,
+                threads: args.threads.unwrap_or_else(default_threads),
+            };
+            let manifest = generate_with_progress(&options)?;
+            print_manifest(&manifest);
+            Ok(ExitCode::SUCCESS)
+        }
+        TpchCommand::Run(args) => {
+            let queries = query_numbers(&args.queries)?;
+            if args.iterations == 0 {
+                return Err(SluiceError::invalid("--iterations must be at least 1"));
+            }
+            let mut session = SluiceSession::new(config)?;
+            let scale_factor =
+                runtime.block_on(open_tpch_data(&mut session, &args.data, args.scale))?;
+            let options = BenchOptions {
+                queries,
+                iterations: args.iterations,
+                verify: args.verify,
+                scale_factor,
+            };
+            run_and_report(&session, &options, args.json.as_deref(), runtime)
+        }
+    }
+}
+
+/// Threads for CPU-bound generation.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+fn query_numbers(given: &[i64]) -> Result<Vec<u8>> {
+    if given.is_empty() {
+        return Ok(QUERY_NUMBERS.collect());
+    }
+    given
+        .iter()
+        .map(|&n| {
+            u8::try_from(n)
+                .ok()
+                .filter(|n| QUERY_NUMBERS.contains(n))
+                .ok_or_else(|| {
+                    SluiceError::invalid(format!(
+                        "unknown TPC-H query {n}: queries are numbered 1 to 22"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// Generates data with a progress bar on a terminal and a summary line on stderr.
+pub fn generate_with_progress(options: &GenOptions) -> Result<Manifest> {
+    let start = Instant::now();
+    let bar = progress::bar(0, "files");
+    let manifest = generate(options, &|event| match event {
+        GenEvent::Started { files, skipped } => {
+            bar.set_length(files as u64);
+            if !skipped.is_empty() {
+                bar.suspend(|| eprintln!("already generated: {}", skipped.join(", ")));
+            }
+        }
+        GenEvent::FileDone { table, .. } => {
+            bar.set_message(table);
+            bar.inc(1);
+        }
+        GenEvent::TableDone { .. } => {}
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "TPC-H scale {} in {} ({:.1}s)",
+        manifest.scale_factor,
+        options.out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(manifest)
+}
+
+fn print_manifest(manifest: &Manifest) {
+    println!("{:<10} {:>6} {:>12}", "table", "files", "rows");
+    for (name, table) in &manifest.tables {
+        println!("{name:<10} {:>6} {:>12}", table.parts, table.rows);
+    }
+}
+
+/// Runs the benchmark, prints its table (and the pass/fail line when verifying), writes `--json`.
+pub fn run_and_report(
+    session: &SluiceSession,
+    options: &BenchOptions,
+    json: Option<&Path>,
+    runtime: &Runtime,
+) -> Result<ExitCode> {
+    let bar = progress::bar(options.queries.len() as u64, "queries");
+    let mut on_event = |event: BenchEvent<'_>| match event {
+        BenchEvent::Running { query, iteration } => {
+            bar.set_message(format!("q{query} (run {iteration}/{})", options.iterations));
+        }
+        BenchEvent::Finished(_) => bar.inc(1),
+    };
+    let report = runtime.block_on(until_ctrl_c(run_benchmark(session, options, &mut on_event)));
+    bar.finish_and_clear();
+    let report = report?;
+    print_report(&report, options.verify);
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| SluiceError::invalid(format!("cannot encode report: {e}")))?;
+        std::fs::write(path, text).map_err(|e| SluiceError::io(path, e))?;
+    }
+    let (_, failed) = report.counts();
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn print_report(report: &BenchReport, verify: bool) {
+    println!(
+        "TPC-H SF {} · mode {} · {} partitions · {} iteration(s)",
+        report.scale_factor, report.mode, report.target_partitions, report.iterations
+    );
+    println!(
+        "{:<6} {:>8} {:>10} {:>11}  {}",
+        "query", "rows", "min (s)", "median (s)", "result"
+    );
+    for query in &report.queries {
+        let result = match (&query.error, query.verified) {
+            (Some(_), Some(false)) => "WRONG",
+            (Some(_), _) => "ERROR",
+            (None, Some(true)) => "verified",
+            (None, _) => "ok",
+        };
+        println!(
+            "{:<6} {:>8} {:>10.3} {:>11.3}  {result}",
+            format!("q{}", query.query),
+            query.rows,
+            query.min,
+            query.median
+        );
+    }
+    println!(
+        "{:<6} {:>8} {:>10.3} {:>11.3}",
+        "total", "", report.total_min, report.total_median
+    );
+    for query in &report.queries {
+        if let Some(error) = &query.error {
+            println!("q{}: {error}", query.query);
+        }
+    }
+    if verify {
+        let (passed, failed) = report.counts();
+        println!("{passed} passed, {failed} failed");
+    }
+}

@@ -1,0 +1,131 @@
+//! `sluice`: the command-line front end.
+//!
+//! Every command builds one [`SluiceConfig`] from the layers (defaults, `--config`, `SLUICE_*`, flags),
+//! opens a [`sluice_engine::SluiceSession`] for the configured mode, and prints results to stdout and
+//! timings and progress to stderr. Errors print as one `error: …` line with a non-zero exit code.
+
+mod cancel;
+mod commands;
+mod output;
+mod progress;
+mod shell;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use sluice_engine::config::{ConfigLayer, parse_setting};
+use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
+
+use crate::commands::{ConfigArgs, DemoArgs, SltArgs, SqlArgs, TpchCommand};
+
+/// Sluice: a distributed SQL query engine on Apache DataFusion.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every command accepts; they override the config file and the environment.
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// TOML configuration file (keys: mode, memory_limit, [session]).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Execution mode: local (in-process DataFusion, the default).
+    #[arg(long, global = true, value_name = "MODE")]
+    mode: Option<ExecutionMode>,
+    /// Memory budget for query execution, e.g. 4G, or 'unlimited'.
+    #[arg(long, global = true, value_name = "SIZE")]
+    memory_limit: Option<String>,
+    /// A DataFusion setting, e.g. --set datafusion.execution.target_partitions=8 (repeatable).
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
+    settings: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run SQL: a query argument, a file (-f), statements on stdin, or an interactive shell.
+    Sql(SqlArgs),
+    /// Generate TPC-H data and run the TPC-H queries.
+    #[command(subcommand)]
+    Tpch(TpchCommand),
+    /// Generate TPC-H SF 0.1 into ./sluice-data (if absent) and run all 22 queries.
+    Demo(DemoArgs),
+    /// Run SQL logic test (.slt) files and report passed / failed / skipped records.
+    Slt(SltArgs),
+    /// Print the effective configuration and where each value came from.
+    Config(ConfigArgs),
+}
+
+impl GlobalArgs {
+    /// The layered configuration: defaults, file, environment, flags.
+    fn load_config(&self) -> Result<SluiceConfig, SluiceError> {
+        let mut config = SluiceConfig::default();
+        if let Some(path) = &self.config {
+            config.apply(ConfigLayer::from_file(path)?, &path.display().to_string())?;
+        }
+        config.apply(ConfigLayer::from_env(std::env::vars())?, "environment")?;
+        let flag_error = |flag: &str, message: String| SluiceError::Config {
+            source_name: flag.to_string(),
+            message,
+        };
+        let memory_limit = self
+            .memory_limit
+            .as_deref()
+            .map(|text| match text {
+                "unlimited" => Ok(None),
+                other => other.parse().map(Some),
+            })
+            .transpose()
+            .map_err(|e| flag_error("--memory-limit", e))?;
+        let session = self
+            .settings
+            .iter()
+            .map(|s| parse_setting(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| flag_error("--set", e))?;
+        let flags = ConfigLayer {
+            mode: self.mode,
+            memory_limit,
+            session,
+        };
+        config.apply(flags, "command line")?;
+        Ok(config)
+    }
+}
+
+/// Exit code for a query stopped by Ctrl-C (128 + SIGINT), as shells expect.
+const EXIT_CANCELLED: u8 = 130;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = cli
+        .global
+        .load_config()
+        .and_then(|config| commands::run(cli.command, config, &runtime));
+    match result {
+        Ok(code) => code,
+        Err(SluiceError::Cancelled) => {
+            eprintln!("cancelled");
+            ExitCode::from(EXIT_CANCELLED)
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

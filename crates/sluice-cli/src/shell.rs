@@ -1,0 +1,115 @@
+//! The interactive shell of `sluice sql` (rustyline).
+//!
+//! Lines accumulate until one ends with `;`, then the statements run. Ctrl-C while a query runs cancels
+//! that query and returns to the prompt; Ctrl-C at the prompt clears the pending input; Ctrl-D or `\q`
+//! quits. History persists in `~/.sluice_history`.
+
+use std::path::PathBuf;
+
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+use sluice_engine::{Result, SluiceError, SluiceSession};
+use tokio::runtime::Runtime;
+
+use crate::cancel::until_ctrl_c;
+use crate::commands::run_statements;
+use crate::output::OutputFormat;
+
+const HELP: &str = "\
+End each statement with ';' (it may span several lines).
+  \\d      list tables
+  \\?      this help
+  \\q      quit (or Ctrl-D)
+Ctrl-C cancels the running query, or clears the current input.";
+
+fn history_path() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".sluice_history"))
+}
+
+fn list_tables(session: &SluiceSession) {
+    let ctx = session.context();
+    for catalog_name in ctx.catalog_names() {
+        let Some(catalog) = ctx.catalog(&catalog_name) else {
+            continue;
+        };
+        for schema_name in catalog.schema_names() {
+            if schema_name == "information_schema" {
+                continue;
+            }
+            let Some(schema) = catalog.schema(&schema_name) else {
+                continue;
+            };
+            let mut names = schema.table_names();
+            names.sort();
+            for name in names {
+                match session.tables().get(&name) {
+                    Some(source) => println!(
+                        "{name}  ({}, {})",
+                        source.format.name(),
+                        source.path.display()
+                    ),
+                    None => println!("{name}"),
+                }
+            }
+        }
+    }
+}
+
+/// Runs the shell until `\q` or end of input.
+pub fn run(session: &SluiceSession, runtime: &Runtime, format: OutputFormat) -> Result<()> {
+    let readline_error = |e: ReadlineError| SluiceError::invalid(format!("shell: {e}"));
+    let mut editor = DefaultEditor::new().map_err(readline_error)?;
+    let history = history_path();
+    if let Some(path) = &history {
+        let _ = editor.load_history(path);
+    }
+    eprintln!(
+        "Sluice {} · {} mode · {} tables. End statements with ';', \\? for help, \\q to quit.",
+        env!("CARGO_PKG_VERSION"),
+        session.runner().mode(),
+        session.tables().len()
+    );
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() {
+            "sluice> "
+        } else {
+            "     -> "
+        };
+        match editor.readline(prompt) {
+            Ok(line) => {
+                let trimmed = line.trim();
+                if buffer.is_empty() && trimmed.starts_with('\\') {
+                    match trimmed {
+                        "\\q" => break,
+                        "\\d" => list_tables(session),
+                        "\\?" | "\\h" => eprintln!("{HELP}"),
+                        other => eprintln!("unknown command {other}; \\? lists them"),
+                    }
+                    continue;
+                }
+                if trimmed.is_empty() && buffer.is_empty() {
+                    continue;
+                }
+                buffer.push_str(&line);
+                buffer.push('\n');
+                if trimmed.ends_with(';') {
+                    let sql = std::mem::take(&mut buffer);
+                    let _ = editor.add_history_entry(sql.trim());
+                    match runtime.block_on(until_ctrl_c(run_statements(session, &sql, format))) {
+                        Ok(()) => {}
+                        Err(SluiceError::Cancelled) => eprintln!("query cancelled"),
+                        Err(error) => eprintln!("error: {error}"),
+                    }
+                }
+            }
+            Err(ReadlineError::Interrupted) => buffer.clear(),
+            Err(ReadlineError::Eof) => break,
+            Err(error) => return Err(readline_error(error)),
+        }
+    }
+    if let Some(path) = &history {
+        let _ = editor.save_history(path);
+    }
+    Ok(())
+}

@@ -1,0 +1,419 @@
+//! End-to-end tests of the built `sluice` binary: results on stdout, one clear error line on stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn sluice() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.env_remove("RUST_BACKTRACE");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("SLUICE_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+fn run(args: &[&str]) -> Output {
+    sluice().args(args).output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs a command that must fail with exactly one `error:` line mentioning every `needle`.
+fn assert_clear_error(args: &[&str], needles: &[&str]) {
+    assert_output_is_clear_error(&run(args), args, needles);
+}
+
+fn assert_output_is_clear_error(output: &Output, args: &[&str], needles: &[&str]) {
+    let err = stderr(output);
+    assert!(!output.status.success(), "{args:?} succeeded:\n{err}");
+    let lines: Vec<_> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?} printed more than one line:\n{err}"
+    );
+    assert!(lines[0].starts_with("error: "), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{args:?}: '{needle}' not in: {err}");
+    }
+}
+
+/// TPC-H SF 0.01, generated once per test binary into Cargo's tmp dir.
+fn tpch_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.01");
+        let output = run(&[
+            "tpch",
+            "gen",
+            "--scale",
+            "0.01",
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        dir
+    })
+}
+
+fn write(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+#[test]
+fn sql_prints_csv() {
+    let output = run(&["sql", "--format", "csv", "select 1 as a, 'x' as b"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "a,b\n1,x\n");
+    assert!(stderr(&output).contains("1 row in"));
+}
+
+#[test]
+fn sql_formats() {
+    let json = run(&[
+        "sql",
+        "--format",
+        "json",
+        "select 1 as a union all select 2 order by a",
+    ]);
+    assert_eq!(stdout(&json), "[{\"a\":1},{\"a\":2}]\n");
+    let ndjson = run(&["sql", "--format", "ndjson", "select 1 as a"]);
+    assert_eq!(stdout(&ndjson), "{\"a\":1}\n");
+    let table = run(&["sql", "select 1 as a"]);
+    assert!(stdout(&table).contains("| a |"), "{}", stdout(&table));
+}
+
+#[test]
+fn sql_over_discovered_tables_and_explicit_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "people.csv", b"id,name\n1,ann\n2,bob\n3,cy\n");
+    let other = tempfile::tempdir().unwrap();
+    let pets = write(other.path(), "p.csv", b"owner,pet\n1,cat\n3,dog\n");
+    let table_arg = format!("pets={}", pets.display());
+    let output = run(&[
+        "sql",
+        "--data",
+        dir.path().to_str().unwrap(),
+        "--table",
+        &table_arg,
+        "--format",
+        "csv",
+        "select name, pet from people join pets on id = owner order by name",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "name,pet\nann,cat\ncy,dog\n");
+}
+
+#[test]
+fn sql_from_file_and_stdin_with_several_statements() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "q.sql",
+        b"create view v as select 41 as n;\nselect n + 1 as answer from v;\n",
+    );
+    let output = run(&["sql", "--format", "csv", "-f", file.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "answer\n42\n");
+
+    let mut child = sluice()
+        .args(["sql", "--format", "csv"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"select 2 * 21 as answer;")
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&output), "answer\n42\n", "{}", stderr(&output));
+}
+
+#[test]
+fn tpch_gen_then_run_at_sf_001() {
+    let dir = tpch_dir();
+    let json = tempfile::NamedTempFile::new().unwrap();
+    let output = run(&[
+        "tpch",
+        "run",
+        "--data",
+        dir.to_str().unwrap(),
+        "--json",
+        json.path().to_str().unwrap(),
+    ]);
+    let out = stdout(&output);
+    assert!(output.status.success(), "{out}\n{}", stderr(&output));
+    for q in 1..=22 {
+        assert!(out.contains(&format!("\nq{q} ")), "q{q} missing:\n{out}");
+    }
+    assert!(!out.contains("ERROR"), "{out}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json.path()).unwrap()).unwrap();
+    assert_eq!(report["queries"].as_array().unwrap().len(), 22);
+    assert_eq!(report["scale_factor"], 0.01);
+}
+
+#[test]
+fn tpch_gen_skips_finished_tables_and_guards_the_scale() {
+    let dir = tpch_dir();
+    let again = run(&[
+        "tpch",
+        "gen",
+        "--scale",
+        "0.01",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("already generated: lineitem"),
+        "{}",
+        stderr(&again)
+    );
+    assert_clear_error(
+        &[
+            "tpch",
+            "gen",
+            "--scale",
+            "0.02",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        &["scale 0.01", "--force"],
+    );
+}
+
+#[test]
+fn count_lineitem_by_sql() {
+    let output = run(&[
+        "sql",
+        "--data",
+        tpch_dir().to_str().unwrap(),
+        "--format",
+        "csv",
+        "select count(*) as n from lineitem",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "n\n60175\n");
+}
+
+#[test]
+fn verify_explains_that_answers_exist_only_for_sf1() {
+    assert_clear_error(
+        &[
+            "tpch",
+            "run",
+            "--data",
+            tpch_dir().to_str().unwrap(),
+            "--query",
+            "1",
+            "--verify",
+        ],
+        &["scale factor 1"],
+    );
+}
+
+#[test]
+fn config_layers_show_their_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "sluice.toml",
+        b"memory_limit = \"1G\"\n[session]\n\"datafusion.execution.batch_size\" = 1000\n\"datafusion.execution.target_partitions\" = 3\n",
+    );
+    let output = sluice()
+        .args(["config", "--config", file.to_str().unwrap()])
+        .args(["--set", "datafusion.execution.target_partitions=5"])
+        .env("SLUICE_MEMORY_LIMIT", "2G")
+        .output()
+        .unwrap();
+    let out = stdout(&output);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        out.contains("memory_limit = \"2G\"  # from environment"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\"datafusion.execution.batch_size\" = \"1000\"  # from"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\"datafusion.execution.target_partitions\" = \"5\"  # from command line"),
+        "{out}"
+    );
+}
+
+#[test]
+fn settings_reach_datafusion() {
+    let output = run(&[
+        "sql",
+        "--set",
+        "datafusion.execution.target_partitions=3",
+        "--format",
+        "csv",
+        "select value from information_schema.df_settings where name = 'datafusion.execution.target_partitions'",
+    ]);
+    assert_eq!(stdout(&output), "value\n3\n", "{}", stderr(&output));
+}
+
+#[test]
+fn bad_paths_are_clear_errors() {
+    assert_clear_error(
+        &["sql", "--data", "/no/such/dir", "select 1"],
+        &["/no/such/dir"],
+    );
+    assert_clear_error(
+        &["sql", "--table", "t=/no/such/file.parquet", "select 1"],
+        &["/no/such/file.parquet"],
+    );
+    assert_clear_error(&["sql", "-f", "/no/such.sql"], &["/no/such.sql"]);
+    assert_clear_error(
+        &["tpch", "run", "--data", "/no/such/tpch"],
+        &["/no/such/tpch"],
+    );
+}
+
+#[test]
+fn corrupt_parquet_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "broken.parquet",
+        b"this is not parquet at all, not even close",
+    );
+    assert_clear_error(
+        &[
+            "sql",
+            "--data",
+            dir.path().to_str().unwrap(),
+            "select * from broken",
+        ],
+        &["broken", "broken.parquet"],
+    );
+}
+
+#[test]
+fn ragged_csv_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut content = b"a,b\n".to_vec();
+    for i in 0..2000 {
+        content.extend_from_slice(format!("{i},{i}\n").as_bytes());
+    }
+    content.extend_from_slice(b"1,2,3\n");
+    write(dir.path(), "ragged.csv", &content);
+    assert_clear_error(
+        &[
+            "sql",
+            "--data",
+            dir.path().to_str().unwrap(),
+            "select sum(a) from ragged",
+        ],
+        &["ragged", "ragged.csv"],
+    );
+}
+
+#[test]
+fn bad_sql_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "t.csv", b"a\n1\n");
+    let data = dir.path().to_str().unwrap();
+    assert_clear_error(&["sql", "selec 1"], &["SQL error"]);
+    assert_clear_error(&["sql", "--data", data, "select * from nope"], &["nope"]);
+    assert_clear_error(&["sql", "--data", data, "select zzz from t"], &["zzz"]);
+}
+
+#[test]
+fn bad_tpch_arguments_are_clear_errors() {
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().to_str().unwrap();
+    assert_clear_error(
+        &["tpch", "gen", "--scale", "0", "--out", out],
+        &["positive"],
+    );
+    assert_clear_error(
+        &["tpch", "gen", "--scale", "-1", "--out", out],
+        &["positive"],
+    );
+    assert_clear_error(
+        &[
+            "tpch",
+            "run",
+            "--data",
+            tpch_dir().to_str().unwrap(),
+            "--query",
+            "23",
+        ],
+        &["23", "1 to 22"],
+    );
+}
+
+#[test]
+fn unknown_config_keys_are_clear_errors() {
+    assert_clear_error(
+        &["config", "--set", "datafusion.execution.no_such_key=1"],
+        &["datafusion.execution.no_such_key"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "bad.toml", b"modee = \"local\"\n");
+    assert_clear_error(
+        &["config", "--config", file.to_str().unwrap()],
+        &["bad.toml", "modee"],
+    );
+    let output = sluice()
+        .args(["config"])
+        .env("SLUICE_BOGUS", "1")
+        .output()
+        .unwrap();
+    assert_output_is_clear_error(&output, &["config"], &["SLUICE_BOGUS"]);
+}
+
+#[test]
+fn ctrl_c_stops_a_long_query() {
+    let child = sluice()
+        .args([
+            "sql",
+            "select count(*) from generate_series(1, 100000000000) a(v) where v % 7 = 3",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // A generous bound that only a hang exceeds.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut child = child;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(130));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not stop after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

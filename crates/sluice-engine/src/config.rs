@@ -1,0 +1,488 @@
+//! Typed configuration and where each value came from.
+//!
+//! Layers, later ones winning: built-in defaults, then an optional TOML file (`--config FILE`), then
+//! `SLUICE_*` environment variables, then command-line flags. Every key is known: an unknown key in the
+//! file, an unknown `SLUICE_*` variable or an unknown DataFusion setting is an error naming the key and
+//! where it came from, never silently ignored.
+//!
+//! DataFusion session settings (`datafusion.*`) pass through unchanged and are validated against
+//! DataFusion's own `ConfigOptions` when the layer that sets them is applied.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use datafusion::prelude::SessionConfig;
+use serde::Deserialize;
+
+use crate::error::{Result, SluiceError};
+
+/// How queries execute. Each mode is one [`crate::runner::JobRunner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecutionMode {
+    /// In-process DataFusion (`execute_stream`): the embedded default.
+    #[default]
+    Local,
+}
+
+impl ExecutionMode {
+    /// Every mode, in the order `--help` lists them.
+    pub const ALL: &'static [ExecutionMode] = &[ExecutionMode::Local];
+
+    /// The name used on the command line and in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecutionMode::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for ExecutionMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ExecutionMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ExecutionMode::ALL
+            .iter()
+            .copied()
+            .find(|mode| mode.name() == s)
+            .ok_or_else(|| {
+                let known: Vec<_> = ExecutionMode::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mode '{s}' (known: {})", known.join(", "))
+            })
+    }
+}
+
+/// A memory size in bytes, written `512M`, `4G`, `4GiB` or a plain byte count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let text = s.trim();
+        let split = text
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let number: f64 = number
+            .parse()
+            .map_err(|_| format!("'{s}' is not a size (try 512M or 4G)"))?;
+        let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            other => return Err(format!("unknown size unit '{other}' in '{s}'")),
+        };
+        let bytes = number * factor as f64;
+        if !(bytes.is_finite() && bytes >= 1.0) {
+            return Err(format!("size '{s}' must be at least one byte"));
+        }
+        Ok(ByteSize(bytes as u64))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 4] = [
+            ("T", 1 << 40),
+            ("G", 1 << 30),
+            ("M", 1 << 20),
+            ("K", 1 << 10),
+        ];
+        for (unit, size) in UNITS {
+            if self.0 >= size && self.0 % size == 0 {
+                return write!(f, "{}{unit}", self.0 / size);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A value together with the layer that set it, so `sluice config` can say why it is what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sourced<T> {
+    /// The value.
+    pub value: T,
+    /// `default`, a file path, an environment variable or a flag.
+    pub source: String,
+}
+
+impl<T> Sourced<T> {
+    fn new(value: T, source: impl Into<String>) -> Self {
+        Self {
+            value,
+            source: source.into(),
+        }
+    }
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct SluiceConfig {
+    /// Which job runner executes queries.
+    pub mode: Sourced<ExecutionMode>,
+    /// Memory budget for query execution; `None` is unbounded.
+    pub memory_limit: Sourced<Option<ByteSize>>,
+    /// DataFusion settings (`datafusion.*`), validated, by key.
+    pub session: BTreeMap<String, Sourced<String>>,
+}
+
+impl Default for SluiceConfig {
+    fn default() -> Self {
+        Self {
+            mode: Sourced::new(ExecutionMode::default(), "default"),
+            memory_limit: Sourced::new(None, "default"),
+            // `SHOW` and `information_schema` are what a data engineer reaches for first.
+            session: BTreeMap::from([(
+                "datafusion.catalog.information_schema".to_string(),
+                Sourced::new("true".to_string(), "default"),
+            )]),
+        }
+    }
+}
+
+/// The settings a layer may carry; `None` leaves the lower layer's value.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigLayer {
+    /// `mode`.
+    pub mode: Option<ExecutionMode>,
+    /// `memory_limit`; `Some(None)` sets "unlimited".
+    pub memory_limit: Option<Option<ByteSize>>,
+    /// DataFusion settings as `(key, value)`.
+    pub session: Vec<(String, String)>,
+}
+
+/// The shape of a TOML config file. Unknown keys are rejected by serde.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLayer {
+    mode: Option<String>,
+    memory_limit: Option<String>,
+    #[serde(default)]
+    session: BTreeMap<String, toml::Value>,
+}
+
+/// The environment variables Sluice reads, besides those it rejects as unknown.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("SLUICE_MODE", "execution mode"),
+    (
+        "SLUICE_MEMORY_LIMIT",
+        "memory budget, e.g. 4G, or 'unlimited'",
+    ),
+    (
+        "SLUICE_SET",
+        "DataFusion settings, 'key=value' separated by commas",
+    ),
+];
+
+fn parse_memory_limit(text: &str) -> Result<Option<ByteSize>, String> {
+    match text.trim() {
+        "unlimited" | "none" | "" => Ok(None),
+        other => other.parse().map(Some),
+    }
+}
+
+/// Splits `key=value`.
+pub fn parse_setting(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not key=value"))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(format!("'{text}' has an empty key"));
+    }
+    Ok((key.to_string(), value.trim().to_string()))
+}
+
+impl ConfigLayer {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| SluiceError::io(path, e))?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parses TOML text; `source_name` names it in errors.
+    pub fn from_toml(text: &str, source_name: &str) -> Result<Self> {
+        let error = |message: String| SluiceError::Config {
+            source_name: source_name.to_string(),
+            message,
+        };
+        let file: FileLayer = toml::from_str(text).map_err(|e| error(e.message().to_string()))?;
+        let mode = file.mode.map(|m| m.parse()).transpose().map_err(error)?;
+        let memory_limit = file
+            .memory_limit
+            .map(|m| parse_memory_limit(&m))
+            .transpose()
+            .map_err(|e| error(format!("memory_limit: {e}")))?;
+        let session = file
+            .session
+            .into_iter()
+            .map(|(key, value)| {
+                let value = match value {
+                    toml::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (key, value)
+            })
+            .collect();
+        Ok(Self {
+            mode,
+            memory_limit,
+            session,
+        })
+    }
+
+    /// Reads `SLUICE_*` variables from `vars`; any other `SLUICE_*` name is an error.
+    pub fn from_env(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        let mut layer = Self::default();
+        for (name, value) in vars {
+            if !name.starts_with("SLUICE_") {
+                continue;
+            }
+            let error = |message: String| SluiceError::Config {
+                source_name: format!("environment variable {name}"),
+                message,
+            };
+            match name.as_str() {
+                "SLUICE_MODE" => layer.mode = Some(value.parse().map_err(error)?),
+                "SLUICE_MEMORY_LIMIT" => {
+                    layer.memory_limit = Some(parse_memory_limit(&value).map_err(error)?)
+                }
+                "SLUICE_SET" => {
+                    for item in value.split(',').filter(|s| !s.trim().is_empty()) {
+                        layer.session.push(parse_setting(item).map_err(error)?);
+                    }
+                }
+                _ => {
+                    let known: Vec<_> = ENV_VARS.iter().map(|(n, _)| *n).collect();
+                    return Err(error(format!(
+                        "unknown Sluice variable (known: {})",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(layer)
+    }
+}
+
+impl SluiceConfig {
+    /// Applies `layer` over `self`; `source` names the layer in errors and in `sluice config`.
+    pub fn apply(&mut self, layer: ConfigLayer, source: &str) -> Result<()> {
+        if let Some(mode) = layer.mode {
+            self.mode = Sourced::new(mode, source);
+        }
+        if let Some(limit) = layer.memory_limit {
+            self.memory_limit = Sourced::new(limit, source);
+        }
+        for (key, value) in layer.session {
+            validate_setting(&key, &value).map_err(|message| SluiceError::Config {
+                source_name: source.to_string(),
+                message,
+            })?;
+            self.session.insert(key, Sourced::new(value, source));
+        }
+        Ok(())
+    }
+
+    /// The DataFusion session configuration these settings describe.
+    pub fn session_config(&self) -> Result<SessionConfig> {
+        let mut config = SessionConfig::new();
+        for (key, value) in &self.session {
+            config
+                .options_mut()
+                .set(key, &value.value)
+                .map_err(|e| SluiceError::Config {
+                    source_name: value.source.clone(),
+                    message: format!("setting {key}: {}", first_line(&e.to_string())),
+                })?;
+        }
+        Ok(config)
+    }
+
+    /// The effective configuration as commented TOML, for `sluice config`. With `all`, every DataFusion
+    /// setting is listed, not only those Sluice's layers set.
+    pub fn to_toml(&self, all: bool) -> Result<String> {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "mode = \"{}\"  # from {}",
+            self.mode.value, self.mode.source
+        );
+        let limit = self
+            .memory_limit
+            .value
+            .map(|b| b.to_string())
+            .unwrap_or_else(|| "unlimited".into());
+        let _ = writeln!(
+            out,
+            "memory_limit = \"{limit}\"  # from {}",
+            self.memory_limit.source
+        );
+        let _ = writeln!(out, "\n[session]");
+        if all {
+            let config = self.session_config()?;
+            for entry in config.options().entries() {
+                let value = entry.value.unwrap_or_default();
+                let source = self
+                    .session
+                    .get(&entry.key)
+                    .map(|s| s.source.as_str())
+                    .unwrap_or("DataFusion default");
+                let _ = writeln!(out, "{:?} = {:?}  # from {source}", entry.key, value);
+            }
+        } else {
+            for (key, value) in &self.session {
+                let _ = writeln!(out, "{key:?} = {:?}  # from {}", value.value, value.source);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Checks one DataFusion setting against DataFusion's own option table.
+fn validate_setting(key: &str, value: &str) -> Result<(), String> {
+    let mut options = datafusion::config::ConfigOptions::new();
+    options
+        .set(key, value)
+        .map_err(|e| format!("setting {key} = '{value}': {}", first_line(&e.to_string())))
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn later_layers_win() {
+        let mut config = SluiceConfig::default();
+        let file = ConfigLayer::from_toml(
+            r#"
+            memory_limit = "1G"
+            [session]
+            "datafusion.execution.target_partitions" = 3
+            "datafusion.execution.batch_size" = 1024
+            "#,
+            "test.toml",
+        )
+        .unwrap();
+        config.apply(file, "test.toml").unwrap();
+        let env_layer = ConfigLayer::from_env(env(&[
+            ("SLUICE_MEMORY_LIMIT", "2G"),
+            ("SLUICE_SET", "datafusion.execution.target_partitions=5"),
+            ("PATH", "/bin"),
+        ]))
+        .unwrap();
+        config.apply(env_layer, "environment").unwrap();
+        let flags = ConfigLayer {
+            session: vec![("datafusion.execution.target_partitions".into(), "7".into())],
+            ..Default::default()
+        };
+        config.apply(flags, "--set").unwrap();
+
+        assert_eq!(config.memory_limit.value, Some(ByteSize(2 << 30)));
+        assert_eq!(config.memory_limit.source, "environment");
+        let session = config.session_config().unwrap();
+        assert_eq!(session.target_partitions(), 7);
+        assert_eq!(session.batch_size(), 1024);
+        assert_eq!(
+            config.session["datafusion.execution.batch_size"].source,
+            "test.toml"
+        );
+    }
+
+    #[test]
+    fn unknown_file_key_is_rejected_with_its_name() {
+        let error = ConfigLayer::from_toml("modee = \"local\"", "x.toml").unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("x.toml") && text.contains("modee"), "{text}");
+    }
+
+    #[test]
+    fn unknown_env_var_is_rejected() {
+        let error = ConfigLayer::from_env(env(&[("SLUICE_MODDE", "local")])).unwrap_err();
+        assert!(error.to_string().contains("SLUICE_MODDE"), "{error}");
+    }
+
+    #[test]
+    fn unknown_datafusion_setting_is_rejected() {
+        let mut config = SluiceConfig::default();
+        let layer = ConfigLayer {
+            session: vec![("datafusion.execution.no_such_thing".into(), "1".into())],
+            ..Default::default()
+        };
+        let error = config.apply(layer, "--set").unwrap_err().to_string();
+        assert!(
+            error.contains("datafusion.execution.no_such_thing") && error.contains("--set"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn bad_setting_value_is_rejected() {
+        let mut config = SluiceConfig::default();
+        let layer = ConfigLayer {
+            session: vec![(
+                "datafusion.execution.target_partitions".into(),
+                "many".into(),
+            )],
+            ..Default::default()
+        };
+        assert!(config.apply(layer, "--set").is_err());
+    }
+
+    #[test]
+    fn unknown_mode_is_rejected() {
+        assert!("distributed".parse::<ExecutionMode>().is_err());
+        assert_eq!("local".parse::<ExecutionMode>(), Ok(ExecutionMode::Local));
+    }
+
+    #[test]
+    fn byte_sizes_parse_and_print() {
+        assert_eq!("4G".parse::<ByteSize>(), Ok(ByteSize(4 << 30)));
+        assert_eq!("512MiB".parse::<ByteSize>(), Ok(ByteSize(512 << 20)));
+        assert_eq!("100".parse::<ByteSize>(), Ok(ByteSize(100)));
+        assert!("lots".parse::<ByteSize>().is_err());
+        assert!("0".parse::<ByteSize>().is_err());
+        assert_eq!(ByteSize(4 << 30).to_string(), "4G");
+    }
+
+    #[test]
+    fn config_prints_sources() {
+        let mut config = SluiceConfig::default();
+        let layer = ConfigLayer {
+            session: vec![("datafusion.execution.batch_size".into(), "512".into())],
+            ..Default::default()
+        };
+        config.apply(layer, "--set").unwrap();
+        let text = config.to_toml(false).unwrap();
+        assert!(text.contains("mode = \"local\"  # from default"), "{text}");
+        assert!(text.contains("\"datafusion.execution.batch_size\" = \"512\"  # from --set"));
+        assert!(
+            config
+                .to_toml(true)
+                .unwrap()
+                .contains("datafusion.execution.target_partitions")
+        );
+    }
+}
