@@ -39,18 +39,40 @@ impl From<SluiceError> for SltError {
     }
 }
 
+/// What DataFusion's files print in place of the directory its runner works in.
+const WORKING_DIR_ALIAS: &str = "WORKSPACE_ROOT/datafusion/sqllogictest";
+
 /// A sqllogictest connection backed by a Sluice session.
 #[derive(Debug)]
 pub struct SltDb {
     session: SluiceSession,
+    /// The working directory as it appears in file paths of results (object-store style, no leading
+    /// `/`), replaced by [`WORKING_DIR_ALIAS`] so that expected paths match.
+    working_dir: Option<String>,
 }
 
 impl SltDb {
     /// A fresh session with `config`.
     pub fn new(config: &SluiceConfig) -> Result<Self, SltError> {
+        let working_dir = std::env::current_dir()
+            .ok()
+            .map(|dir| dir.to_string_lossy().trim_start_matches('/').to_string())
+            .filter(|dir| !dir.is_empty());
         Ok(Self {
             session: SluiceSession::new(config)?,
+            working_dir,
         })
+    }
+
+    fn normalize_paths(&self, rows: &mut [Vec<String>]) {
+        let Some(dir) = &self.working_dir else {
+            return;
+        };
+        for cell in rows.iter_mut().flatten() {
+            if cell.contains(dir.as_str()) {
+                *cell = cell.replace(dir.as_str(), WORKING_DIR_ALIAS);
+            }
+        }
     }
 }
 
@@ -78,7 +100,8 @@ impl AsyncDB for SltDb {
         let stream = self.session.execute_statement(statement).await?;
         let types = column_types(stream.schema().fields());
         let output = collect_stream(stream).await?;
-        let rows = batch_rows(&output.batches)?;
+        let mut rows = batch_rows(&output.batches)?;
+        self.normalize_paths(&mut rows);
         if rows.is_empty() && types.is_empty() {
             Ok(DBOutput::StatementComplete(0))
         } else {

@@ -5,9 +5,14 @@
 //! number of rows and columns and every cell matches in order:
 //! - text (after trimming the padding) must be equal;
 //! - numbers written without a decimal point (keys, counts, sizes) must be equal;
-//! - numbers with a decimal point must agree to the cent: the result, rounded to two decimals, is within
-//!   0.01 of the answer. This is stricter than the spec's tolerances (which allow 1% on averages and
-//!   $100 on sums) but holds for DataFusion's exact decimal arithmetic.
+//! - numbers with a decimal point follow the spec's tolerances (TPC-H 2.1.3.5): the result, rounded to
+//!   the cent, may differ from the answer by at most the smaller of 1% (ratios, averages) and 100 (sums
+//!   of money), and never needs to be closer than one cent.
+//!
+//! One known defect of the shipped answers is handled explicitly: in q11's answer, `ps_partkey` was
+//! right-aligned in six characters and then cut to the first four (`129760` reads `1297`, `34452` reads
+//! ` 344`). That column is compared on the characters that survive; the `value` column is compared in
+//! full, so the check still pins every row.
 
 use arrow::array::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
@@ -17,6 +22,20 @@ use crate::error::{Result, SluiceError};
 /// The scale factor whose answers are known.
 pub const ANSWER_SCALE_FACTOR: f64 = 1.0;
 
+/// How a column's cells are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellRule {
+    /// By [`cell_matches`].
+    Value,
+    /// The answer holds only the first `keep` characters of the value right-aligned in `width`.
+    RightAlignedPrefix {
+        /// The field width the value was aligned in.
+        width: usize,
+        /// How many leading characters survive.
+        keep: usize,
+    },
+}
+
 /// A table of expected cells.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
@@ -24,6 +43,8 @@ pub struct Answer {
     pub columns: Vec<String>,
     /// Trimmed cells, row by row.
     pub rows: Vec<Vec<String>>,
+    /// How each column is compared (missing entries compare by value).
+    pub rules: Vec<CellRule>,
 }
 
 /// Parses `|`-separated answer text: a header line, then one line per row.
@@ -32,14 +53,22 @@ pub fn parse_answer(text: &str) -> Answer {
     let split = |line: &str| line.split('|').map(|c| c.trim().to_string()).collect();
     let columns = lines.next().map(split).unwrap_or_default();
     let rows = lines.map(split).collect();
-    Answer { columns, rows }
+    Answer {
+        columns,
+        rows,
+        rules: Vec::new(),
+    }
 }
 
 /// The official scale-factor-1 answer of query `number`.
 pub fn official_answer(number: u8) -> Result<Answer> {
-    tpchgen::q_and_a::answers_sf1::answer(i32::from(number))
+    let mut answer = tpchgen::q_and_a::answers_sf1::answer(i32::from(number))
         .map(parse_answer)
-        .ok_or_else(|| SluiceError::invalid(format!("no official answer for TPC-H q{number}")))
+        .ok_or_else(|| SluiceError::invalid(format!("no official answer for TPC-H q{number}")))?;
+    if number == 11 {
+        answer.rules = vec![CellRule::RightAlignedPrefix { width: 6, keep: 4 }];
+    }
+    Ok(answer)
 }
 
 /// Formats result batches into cells, one `Vec` per row.
@@ -74,7 +103,8 @@ pub fn cell_matches(expected: &str, actual: &str) -> bool {
     };
     if expected.contains('.') {
         let rounded = (got * 100.0).round() / 100.0;
-        (rounded - want).abs() <= 0.01 + 1e-9 * want.abs()
+        let tolerance = (0.01 * want.abs()).min(100.0).max(0.01);
+        (rounded - want).abs() <= tolerance + 1e-9
     } else {
         got == want
     }
@@ -99,7 +129,19 @@ pub fn compare(expected: &Answer, actual: &[Vec<String>]) -> Result<(), String> 
             ));
         }
         for (column, (w, g)) in want.iter().zip(got).enumerate() {
-            if !cell_matches(w, g) {
+            let rule = expected
+                .rules
+                .get(column)
+                .copied()
+                .unwrap_or(CellRule::Value);
+            let matches = match rule {
+                CellRule::Value => cell_matches(w, g),
+                CellRule::RightAlignedPrefix { width, keep } => {
+                    let aligned = format!("{g:>width$}");
+                    aligned.get(..keep).map(str::trim) == Some(w.as_str())
+                }
+            };
+            if !matches {
                 let name = expected
                     .columns
                     .get(column)
@@ -144,13 +186,43 @@ mod tests {
         assert!(cell_matches("25.52", "25.522005"));
         assert!(cell_matches("1772627.21", "1772627.2087"));
         assert!(cell_matches("56586554400.73", "5.658655440073e10"));
-        assert!(!cell_matches("25.52", "25.54"));
+        assert!(!cell_matches("25.52", "25.80"));
+        // 1% for averages and ratios, but at most 100 on large sums.
+        assert!(cell_matches("348406.02", "348406.0542857143"));
+        assert!(cell_matches("56586554400.73", "56586554480.00"));
+        assert!(!cell_matches("56586554400.73", "56586554600.00"));
         assert!(cell_matches("1478493", "1478493"));
         assert!(!cell_matches("1478493", "1478494"));
         assert!(!cell_matches("12", "NULL"));
     }
 
-    /// The verification logic against a recorded answer: q1 at SF 1, as DataFusion printed it.
+    #[test]
+    fn q11_partkeys_compare_on_the_surviving_prefix() {
+        let answer = official_answer(11).unwrap();
+        let rows = vec![vec!["129760".to_string(), "17538456.86".to_string()]];
+        let first = Answer {
+            rows: answer.rows[..1].to_vec(),
+            ..answer.clone()
+        };
+        assert_eq!(compare(&first, &rows), Ok(()));
+        let wrong = vec![vec!["129761".to_string(), "17538456.86".to_string()]];
+        assert_eq!(
+            compare(&first, &wrong),
+            Ok(()),
+            "only the surviving digits are known"
+        );
+        let other = vec![vec!["139760".to_string(), "17538456.86".to_string()]];
+        assert!(compare(&first, &other).is_err());
+        let short = Answer {
+            rows: vec![answer.rows[4].clone()],
+            ..answer
+        };
+        let rows = vec![vec!["34452".to_string(), "15983844.72".to_string()]];
+        assert_eq!(compare(&short, &rows), Ok(()));
+    }
+
+    /// The verification logic against a recorded answer: q1 at SF 1, as `sluice sql --format csv` printed
+    /// it (DataFusion 55.2, same types).
     #[test]
     fn recorded_q1_result_verifies() {
         let schema = Arc::new(Schema::new(vec![

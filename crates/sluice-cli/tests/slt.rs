@@ -1,0 +1,81 @@
+//! DataFusion's SQL logic tests in `../shared/slt` (beside the repository) must pass in every mode.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn shared_slt_files() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/slt");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
+        panic!(
+            "the shared SQL logic tests are expected at {} (a checkout of ../shared beside the repository): {e}",
+            dir.display()
+        )
+    });
+    let mut files: Vec<PathBuf> = entries
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .slt files in {}", dir.display());
+    files
+}
+
+fn run_slt(mode: &str) {
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["slt", "--mode", mode])
+        .args(shared_slt_files())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary = stdout.lines().last().unwrap_or_default();
+    println!("{mode}: {summary}");
+    assert!(
+        output.status.success() && summary.contains(" 0 failed"),
+        "sluice slt --mode {mode} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn shared_slt_files_pass_in_local_mode() {
+    run_slt("local");
+}
+
+#[test]
+fn a_file_needing_datafusion_test_context_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("joins.slt");
+    std::fs::write(&file, "query I\nselect 1\n----\n1\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("slt")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success());
+    assert!(
+        stdout.contains("needs DataFusion's sqllogictest context"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with("0 passed, 1 failed, 0 skipped\n"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_failing_record_prints_location_sql_and_both_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wrong.slt");
+    std::fs::write(&file, "query I\nselect 40 + 2\n----\n41\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("slt")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success());
+    assert!(stdout.contains("wrong.slt:1"), "{stdout}");
+    assert!(stdout.contains("select 40 + 2"), "{stdout}");
+    assert!(stdout.contains("41") && stdout.contains("42"), "{stdout}");
+}

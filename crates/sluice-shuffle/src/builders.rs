@@ -1,0 +1,363 @@
+//! Per-channel builders: gather routed rows straight from the input batch into each channel's growing
+//! output batch, so that every byte is copied exactly once and a small slice costs no per-slice overhead.
+//!
+//! ```text
+//!  input column ──indices of channel 0──► channel 0 values/nulls ──(target rows)──► batch
+//!               ──indices of channel 1──► channel 1 values/nulls ──(target rows)──► batch
+//! ```
+//!
+//! This is the wide fan-out alternative to "gather once, slice, then coalesce each slice": with many
+//! channels each slice is tiny and the coalescer's per-push overhead (and its second copy) dominates. It
+//! handles fixed-width columns (integers, floats, decimals, dates, times, timestamps, durations,
+//! intervals) and booleans; [`ChannelBuilders::supports`] says whether a schema qualifies, and other
+//! schemas use [`crate::ChannelCoalescers`]. Output batches have exactly `target_rows` rows except the
+//! final flush; a row limit caps each channel like the coalescers' does.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, BooleanBufferBuilder,
+    NullBufferBuilder, PrimitiveArray, RecordBatch, RecordBatchOptions,
+};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::downcast_primitive;
+use datafusion_common::{DataFusionError, Result};
+use datafusion_physical_plan::metrics::Time;
+
+/// One column of one channel under construction.
+trait ColumnBuilder: Send {
+    /// Appends `source[i]` for every `i` in `rows`.
+    fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()>;
+    /// The built column; the builder starts over, with room for `capacity` rows.
+    fn finish(&mut self, capacity: usize) -> ArrayRef;
+}
+
+struct PrimitiveBuilder<T: ArrowPrimitiveType> {
+    values: Vec<T::Native>,
+    nulls: NullBufferBuilder,
+    data_type: DataType,
+}
+
+impl<T: ArrowPrimitiveType> ColumnBuilder for PrimitiveBuilder<T> {
+    fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()> {
+        let source = source.as_primitive_opt::<T>().ok_or_else(|| {
+            DataFusionError::Internal(format!("expected {} column", self.data_type))
+        })?;
+        let values = source.values();
+        self.values
+            .extend(rows.iter().map(|&row| values[row as usize]));
+        match source.nulls() {
+            Some(nulls) if nulls.null_count() > 0 => {
+                for &row in rows {
+                    self.nulls.append(nulls.is_valid(row as usize));
+                }
+            }
+            _ => self.nulls.append_n_non_nulls(rows.len()),
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, capacity: usize) -> ArrayRef {
+        let values = std::mem::replace(&mut self.values, Vec::with_capacity(capacity));
+        let nulls = self.nulls.finish();
+        Arc::new(
+            PrimitiveArray::<T>::new(values.into(), nulls).with_data_type(self.data_type.clone()),
+        )
+    }
+}
+
+struct BoolBuilder {
+    values: BooleanBufferBuilder,
+    nulls: NullBufferBuilder,
+}
+
+impl ColumnBuilder for BoolBuilder {
+    fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()> {
+        let source = source
+            .as_boolean_opt()
+            .ok_or_else(|| DataFusionError::Internal("expected a boolean column".into()))?;
+        let values = source.values();
+        for &row in rows {
+            self.values.append(values.value(row as usize));
+        }
+        match source.nulls() {
+            Some(nulls) if nulls.null_count() > 0 => {
+                for &row in rows {
+                    self.nulls.append(nulls.is_valid(row as usize));
+                }
+            }
+            _ => self.nulls.append_n_non_nulls(rows.len()),
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, capacity: usize) -> ArrayRef {
+        let values = std::mem::replace(&mut self.values, BooleanBufferBuilder::new(capacity));
+        let mut values = values;
+        Arc::new(BooleanArray::new(values.finish(), self.nulls.finish()))
+    }
+}
+
+fn builder_for(data_type: &DataType, capacity: usize) -> Option<Box<dyn ColumnBuilder>> {
+    macro_rules! primitive {
+        ($t:ty) => {
+            Some(Box::new(PrimitiveBuilder::<$t> {
+                values: Vec::with_capacity(capacity),
+                nulls: NullBufferBuilder::new(capacity),
+                data_type: data_type.clone(),
+            }) as Box<dyn ColumnBuilder>)
+        };
+    }
+    if *data_type == DataType::Boolean {
+        return Some(Box::new(BoolBuilder {
+            values: BooleanBufferBuilder::new(capacity),
+            nulls: NullBufferBuilder::new(capacity),
+        }));
+    }
+    downcast_primitive! {
+        data_type => (primitive),
+        _ => None,
+    }
+}
+
+struct ChannelState {
+    columns: Vec<Box<dyn ColumnBuilder>>,
+    rows: usize,
+    accepted: usize,
+}
+
+/// Per-channel builders for schemas of fixed-width and boolean columns.
+pub struct ChannelBuilders {
+    schema: SchemaRef,
+    target_rows: usize,
+    limit: Option<usize>,
+    channels: Vec<Option<ChannelState>>,
+    completed: VecDeque<(usize, RecordBatch)>,
+    time: Time,
+}
+
+impl std::fmt::Debug for ChannelBuilders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelBuilders")
+            .field("channels", &self.channels.len())
+            .field("target_rows", &self.target_rows)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChannelBuilders {
+    /// Whether every column of `schema` can be built here.
+    pub fn supports(schema: &SchemaRef) -> bool {
+        schema
+            .fields()
+            .iter()
+            .all(|f| builder_for(f.data_type(), 0).is_some())
+    }
+
+    /// Builders for `channels` channels, or `None` if the schema has a column type they cannot build.
+    pub fn try_new(
+        schema: SchemaRef,
+        channels: usize,
+        target_rows: usize,
+        limit: Option<usize>,
+        time: Time,
+    ) -> Option<Self> {
+        if !Self::supports(&schema) {
+            return None;
+        }
+        Some(Self {
+            schema,
+            target_rows: target_rows.max(1),
+            limit,
+            channels: (0..channels).map(|_| None).collect(),
+            completed: VecDeque::new(),
+            time,
+        })
+    }
+
+    fn new_channel(&self) -> Result<ChannelState> {
+        let columns = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| {
+                builder_for(f.data_type(), self.target_rows).ok_or_else(|| {
+                    DataFusionError::Internal(format!("no builder for {}", f.data_type()))
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(ChannelState {
+            columns,
+            rows: 0,
+            accepted: 0,
+        })
+    }
+
+    /// Appends the input rows `rows` (row numbers of `batch`) to `channel`.
+    pub fn gather(&mut self, channel: usize, batch: &RecordBatch, rows: &[u32]) -> Result<()> {
+        let _timer = self.time.timer();
+        if channel >= self.channels.len() {
+            return Err(DataFusionError::Internal(format!(
+                "channel {channel} out of range"
+            )));
+        }
+        if self.channels[channel].is_none() {
+            self.channels[channel] = Some(self.new_channel()?);
+        }
+        let target = self.target_rows;
+        let limit = self.limit;
+        let Some(state) = self.channels[channel].as_mut() else {
+            return Ok(());
+        };
+        let allowed = limit.map_or(rows.len(), |l| {
+            l.saturating_sub(state.accepted).min(rows.len())
+        });
+        let mut rows = &rows[..allowed];
+        state.accepted += rows.len();
+        while !rows.is_empty() {
+            let take = (target - state.rows).min(rows.len());
+            let (now, later) = rows.split_at(take);
+            for (builder, column) in state.columns.iter_mut().zip(batch.columns()) {
+                builder.gather(column.as_ref(), now)?;
+            }
+            state.rows += take;
+            rows = later;
+            if state.rows == target {
+                let batch = build(&self.schema, state, target)?;
+                self.completed.push_back((channel, batch));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the next completed batch.
+    pub fn next_completed(&mut self) -> Option<(usize, RecordBatch)> {
+        self.completed.pop_front()
+    }
+
+    /// Whether `channel` has taken all the rows its limit allows.
+    pub fn is_full(&self, channel: usize) -> bool {
+        match (self.limit, self.channels.get(channel)) {
+            (Some(limit), Some(Some(state))) => state.accepted >= limit,
+            _ => false,
+        }
+    }
+
+    /// Flushes every channel's partial batch.
+    pub fn finish(&mut self) -> Result<()> {
+        let _timer = self.time.timer();
+        for channel in 0..self.channels.len() {
+            if let Some(state) = self.channels[channel].as_mut()
+                && state.rows > 0
+            {
+                let batch = build(&self.schema, state, self.target_rows)?;
+                self.completed.push_back((channel, batch));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn build(schema: &SchemaRef, state: &mut ChannelState, capacity: usize) -> Result<RecordBatch> {
+    let columns = state
+        .columns
+        .iter_mut()
+        .map(|c| c.finish(capacity))
+        .collect();
+    let options = RecordBatchOptions::new().with_row_count(Some(state.rows));
+    state.rows = 0;
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &options,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Date32Array, Decimal128Array, Int64Array};
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("d", DataType::Decimal128(15, 2), false),
+            Field::new("day", DataType::Date32, false),
+            Field::new("b", DataType::Boolean, true),
+        ]))
+    }
+
+    fn input() -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![
+                    Some(1),
+                    None,
+                    Some(3),
+                    Some(4),
+                    Some(5),
+                ])),
+                Arc::new(
+                    Decimal128Array::from(vec![100, 200, 300, 400, 500])
+                        .with_precision_and_scale(15, 2)
+                        .unwrap(),
+                ),
+                Arc::new(Date32Array::from(vec![10, 20, 30, 40, 50])),
+                Arc::new(BooleanArray::from(vec![
+                    Some(true),
+                    Some(false),
+                    None,
+                    Some(true),
+                    Some(false),
+                ])),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn take(batch: &RecordBatch, rows: Vec<u32>) -> RecordBatch {
+        arrow::compute::take_record_batch(batch, &arrow::array::UInt32Array::from(rows)).unwrap()
+    }
+
+    #[test]
+    fn gathers_rows_in_the_given_order_and_cuts_at_the_target() {
+        let mut builders = ChannelBuilders::try_new(schema(), 2, 2, None, Time::new()).unwrap();
+        let batch = input();
+        builders.gather(1, &batch, &[4, 1, 2]).unwrap();
+        builders.gather(0, &batch, &[0]).unwrap();
+        builders.finish().unwrap();
+        let out: Vec<(usize, RecordBatch)> =
+            std::iter::from_fn(|| builders.next_completed()).collect();
+        assert_eq!(
+            out,
+            vec![
+                (1, take(&batch, vec![4, 1])),
+                (0, take(&batch, vec![0])),
+                (1, take(&batch, vec![2])),
+            ]
+        );
+    }
+
+    #[test]
+    fn row_limit_caps_a_channel() {
+        let mut builders =
+            ChannelBuilders::try_new(schema(), 1, 100, Some(3), Time::new()).unwrap();
+        let batch = input();
+        builders.gather(0, &batch, &[0, 1]).unwrap();
+        builders.gather(0, &batch, &[2, 3, 4]).unwrap();
+        assert!(builders.is_full(0));
+        builders.finish().unwrap();
+        let (_, out) = builders.next_completed().unwrap();
+        assert_eq!(out, batch.slice(0, 3));
+    }
+
+    #[test]
+    fn strings_are_not_supported_here() {
+        let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, false)]));
+        assert!(!ChannelBuilders::supports(&schema));
+    }
+}

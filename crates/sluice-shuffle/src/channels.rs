@@ -1,0 +1,462 @@
+//! Channel buffers between a shuffle's producers and its consumers: bounded memory, backpressure, spill.
+//!
+//! ```text
+//!  producers ──send(channel, batch)──►  channel 0: [mem][mem][spilled][mem] ──recv──► consumer 0
+//!     (cloned ChannelSender)            channel 1: [mem]                     ──recv──► consumer 1
+//!                                       channel 2: (empty)                   ──recv──► consumer 2
+//! ```
+//!
+//! Invariants:
+//! - **FIFO per channel**: a consumer receives one producer's batches in the order they were sent,
+//!   whether each was kept in memory or spilled to disk.
+//! - **Backpressure like DataFusion's gate**: a send waits only while *every* open channel is full (holds
+//!   `capacity` or more batches). One slow consumer does not stall the others; if it falls far behind,
+//!   memory stays bounded because of the next rule.
+//! - **Bounded memory**: each channel holds a `MemoryReservation` in the runtime's `MemoryPool`. When a
+//!   reservation cannot grow, the batch goes to a spill file (Arrow IPC, lz4) instead, and is read back in
+//!   its turn. Spill files are deleted as soon as they are read, or when the channel is dropped.
+//! - **Cancellation**: dropping a receiver frees its reservation and files and makes sends to it no-ops;
+//!   dropping every sender ends the channels after what is buffered. Nothing here spawns a task.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion_common::config::SpillCompression;
+use datafusion_common::utils::memory::get_record_batch_memory_size;
+use datafusion_common::{DataFusionError, Result};
+use datafusion_execution::SpillFile;
+use datafusion_execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion_execution::runtime_env::RuntimeEnv;
+use datafusion_physical_plan::metrics::SpillMetrics;
+use datafusion_physical_plan::spill::SpillManager;
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+enum Entry {
+    Memory { batch: RecordBatch, bytes: usize },
+    Spilled { file: Arc<dyn SpillFile> },
+}
+
+struct Channel {
+    queue: VecDeque<Entry>,
+    reservation: MemoryReservation,
+    open: bool,
+}
+
+struct State {
+    channels: Vec<Channel>,
+    senders: usize,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    capacity: usize,
+    space: Notify,
+    data: Vec<Notify>,
+    spill: SpillManager,
+    name: String,
+}
+
+impl Shared {
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| {
+            DataFusionError::Internal(format!("{}: channel state poisoned", self.name))
+        })
+    }
+}
+
+impl State {
+    fn open_channels(&self) -> usize {
+        self.channels.iter().filter(|c| c.open).count()
+    }
+
+    fn all_open_full(&self, capacity: usize) -> bool {
+        self.channels
+            .iter()
+            .filter(|c| c.open)
+            .all(|c| c.queue.len() >= capacity)
+    }
+}
+
+/// Creates `channels` channels for batches of `schema`; `name` identifies them in memory-pool reports
+/// and errors (e.g. `"job 3 stage 1 partition 0"`). A channel is full at `capacity` queued batches.
+pub fn channel_set(
+    name: &str,
+    channels: usize,
+    capacity: usize,
+    schema: SchemaRef,
+    runtime: Arc<RuntimeEnv>,
+    spill_metrics: SpillMetrics,
+) -> (ChannelSender, Vec<ChannelReceiver>) {
+    let spill = SpillManager::new(runtime.clone(), spill_metrics, schema)
+        .with_compression_type(SpillCompression::Lz4Frame);
+    let state = State {
+        channels: (0..channels)
+            .map(|i| Channel {
+                queue: VecDeque::new(),
+                reservation: MemoryConsumer::new(format!("{name} channel {i}"))
+                    .register(&runtime.memory_pool),
+                open: true,
+            })
+            .collect(),
+        senders: 1,
+    };
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state),
+        capacity: capacity.max(1),
+        space: Notify::new(),
+        data: (0..channels).map(|_| Notify::new()).collect(),
+        spill,
+        name: name.to_string(),
+    });
+    let receivers = (0..channels)
+        .map(|channel| ChannelReceiver {
+            shared: shared.clone(),
+            channel,
+        })
+        .collect();
+    (ChannelSender { shared }, receivers)
+}
+
+/// The producing side; clone it for several producers. Dropping every clone ends the channels.
+pub struct ChannelSender {
+    shared: Arc<Shared>,
+}
+
+impl Clone for ChannelSender {
+    fn clone(&self) -> Self {
+        if let Ok(mut state) = self.shared.lock() {
+            state.senders += 1;
+        }
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for ChannelSender {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.shared.lock() {
+            state.senders = state.senders.saturating_sub(1);
+        }
+        for notify in &self.shared.data {
+            notify.notify_waiters();
+        }
+    }
+}
+
+impl ChannelSender {
+    /// Queues `batch` for `channel`, waiting while every open channel is full. Returns `false` when no
+    /// consumer is left at all (the producer may stop); a batch for a channel whose consumer is gone is
+    /// dropped.
+    pub async fn send(&self, channel: usize, batch: RecordBatch) -> Result<bool> {
+        let shared = &self.shared;
+        if channel >= shared.data.len() {
+            return Err(DataFusionError::Internal(format!(
+                "{}: channel {channel} out of range ({} channels)",
+                shared.name,
+                shared.data.len()
+            )));
+        }
+        let bytes = get_record_batch_memory_size(&batch);
+        loop {
+            let space = shared.space.notified();
+            tokio::pin!(space);
+            space.as_mut().enable();
+            {
+                let mut state = shared.lock()?;
+                if state.open_channels() == 0 {
+                    return Ok(false);
+                }
+                if state.all_open_full(shared.capacity) {
+                    drop(state);
+                    space.await;
+                    continue;
+                }
+                let target = &mut state.channels[channel];
+                if !target.open {
+                    return Ok(true);
+                }
+                if target.reservation.try_grow(bytes).is_ok() {
+                    target.queue.push_back(Entry::Memory { batch, bytes });
+                    drop(state);
+                    shared.data[channel].notify_waiters();
+                    return Ok(true);
+                }
+            }
+            // The pool is exhausted: write the batch to disk, outside the lock.
+            let file = shared
+                .spill
+                .spill_record_batch_and_finish(std::slice::from_ref(&batch), &shared.name)?;
+            if let Some(file) = file {
+                let mut state = shared.lock()?;
+                let target = &mut state.channels[channel];
+                if target.open {
+                    target.queue.push_back(Entry::Spilled { file });
+                }
+                drop(state);
+                shared.data[channel].notify_waiters();
+            }
+            return Ok(true);
+        }
+    }
+}
+
+/// The consuming side of one channel.
+pub struct ChannelReceiver {
+    shared: Arc<Shared>,
+    channel: usize,
+}
+
+impl ChannelReceiver {
+    /// The channel's index.
+    pub fn channel(&self) -> usize {
+        self.channel
+    }
+
+    /// The next batch, `None` once every sender is gone and the queue is empty.
+    pub async fn recv(&mut self) -> Option<Result<RecordBatch>> {
+        let shared = self.shared.clone();
+        loop {
+            let data = shared.data[self.channel].notified();
+            tokio::pin!(data);
+            data.as_mut().enable();
+            let entry = {
+                let mut state = match shared.lock() {
+                    Ok(state) => state,
+                    Err(error) => return Some(Err(error)),
+                };
+                let channel = &mut state.channels[self.channel];
+                match channel.queue.pop_front() {
+                    Some(entry) => {
+                        if let Entry::Memory { bytes, .. } = &entry {
+                            channel.reservation.shrink(*bytes);
+                        }
+                        if channel.queue.len() + 1 == shared.capacity {
+                            drop(state);
+                            shared.space.notify_waiters();
+                        }
+                        Some(entry)
+                    }
+                    None if state.senders == 0 => return None,
+                    None => None,
+                }
+            };
+            match entry {
+                Some(Entry::Memory { batch, .. }) => return Some(Ok(batch)),
+                Some(Entry::Spilled { file }) => return Some(self.read_spilled(file).await),
+                None => data.await,
+            }
+        }
+    }
+
+    async fn read_spilled(&self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
+        let mut stream = self
+            .shared
+            .spill
+            .read_spill_as_stream_unbuffered(file, None)?;
+        let batch = stream.next().await.ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "{} channel {}: spill file holds no batch",
+                self.shared.name, self.channel
+            ))
+        })?;
+        // The stream holds the last reference to the file: dropping it deletes the file.
+        drop(stream);
+        batch
+    }
+}
+
+impl Drop for ChannelReceiver {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.shared.lock() {
+            let channel = &mut state.channels[self.channel];
+            channel.open = false;
+            channel.queue.clear();
+            channel.reservation.free();
+        }
+        self.shared.space.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion_execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+    use datafusion_execution::memory_pool::GreedyMemoryPool;
+    use datafusion_execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion_physical_plan::metrics::ExecutionPlanMetricsSet;
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]))
+    }
+
+    fn batch(start: i64, rows: i64) -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![Arc::new(Int64Array::from_iter_values(start..start + rows))],
+        )
+        .unwrap()
+    }
+
+    fn runtime(pool_bytes: usize, spill_dir: &std::path::Path) -> Arc<RuntimeEnv> {
+        RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(GreedyMemoryPool::new(pool_bytes)))
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default()
+                    .with_mode(DiskManagerMode::Directories(vec![spill_dir.to_path_buf()])),
+            )
+            .build_arc()
+            .unwrap()
+    }
+
+    fn set(
+        channels: usize,
+        capacity: usize,
+        runtime: Arc<RuntimeEnv>,
+    ) -> (ChannelSender, Vec<ChannelReceiver>) {
+        let metrics = ExecutionPlanMetricsSet::new();
+        channel_set(
+            "test",
+            channels,
+            capacity,
+            schema(),
+            runtime,
+            SpillMetrics::new(&metrics, 0),
+        )
+    }
+
+    fn files_in(dir: &std::path::Path) -> usize {
+        walk(dir)
+    }
+
+    fn walk(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| {
+                        if e.path().is_dir() {
+                            walk(&e.path())
+                        } else {
+                            1
+                        }
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn ten_times_the_pool_through_a_slow_consumer_in_order_without_leftover_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = 256 * 1024;
+        let runtime = runtime(pool, dir.path());
+        // Two channels: channel 1 stays empty, so the gate never closes and channel 0 must spill.
+        let (sender, mut receivers) = set(2, 2, runtime.clone());
+        let mut consumer = receivers.remove(0);
+        let rows_per_batch = 4096i64; // 32 KiB of Int64 values per batch
+        let batches = (10 * pool as i64) / (rows_per_batch * 8);
+        let producer = async move {
+            for i in 0..batches {
+                assert!(
+                    sender
+                        .send(0, batch(i * rows_per_batch, rows_per_batch))
+                        .await
+                        .unwrap()
+                );
+            }
+        };
+        let reader = async move {
+            let mut next = 0i64;
+            while let Some(batch) = consumer.recv().await {
+                let batch = batch.unwrap();
+                let values = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
+                for v in values.values() {
+                    assert_eq!(*v, next);
+                    next += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            next
+        };
+        let ((), read) = tokio::join!(producer, reader);
+        assert_eq!(read, batches * rows_per_batch);
+        drop(receivers);
+        assert_eq!(runtime.memory_pool.reserved(), 0);
+        assert_eq!(files_in(dir.path()), 0, "spill files left behind");
+    }
+
+    #[tokio::test]
+    async fn producers_wait_only_when_every_channel_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sender, mut receivers) = set(2, 1, runtime(1 << 30, dir.path()));
+        // Channel 0 full, channel 1 empty: sends keep going.
+        sender.send(0, batch(0, 1)).await.unwrap();
+        sender.send(0, batch(1, 1)).await.unwrap();
+        // Fill channel 1 too: every channel is full, the next send must wait.
+        sender.send(1, batch(2, 1)).await.unwrap();
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(50), sender.send(0, batch(3, 1))).await;
+        assert!(
+            blocked.is_err(),
+            "send should wait while all channels are full"
+        );
+        // Draining channel 1 below capacity opens the gate.
+        let first = receivers[1].recv().await.unwrap().unwrap();
+        assert_eq!(first.num_rows(), 1);
+        let sent = tokio::time::timeout(Duration::from_secs(5), sender.send(0, batch(3, 1))).await;
+        assert!(matches!(sent, Ok(Ok(true))));
+    }
+
+    #[tokio::test]
+    async fn dropping_receivers_releases_memory_and_files_and_unblocks_senders() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = runtime(64 * 1024, dir.path());
+        let (sender, receivers) = set(1, 1000, runtime.clone());
+        for i in 0..20 {
+            sender.send(0, batch(i * 1000, 1000)).await.unwrap();
+        }
+        assert!(runtime.memory_pool.reserved() > 0);
+        assert!(files_in(dir.path()) > 0, "the test should have spilled");
+        drop(receivers);
+        assert_eq!(runtime.memory_pool.reserved(), 0);
+        assert_eq!(files_in(dir.path()), 0);
+        assert!(
+            !sender.send(0, batch(0, 1)).await.unwrap(),
+            "no consumer left"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_senders_ends_the_channels_after_the_buffered_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sender, mut receivers) = set(1, 4, runtime(1 << 30, dir.path()));
+        let second = sender.clone();
+        sender.send(0, batch(0, 2)).await.unwrap();
+        drop(sender);
+        second.send(0, batch(2, 2)).await.unwrap();
+        drop(second);
+        assert_eq!(receivers[0].recv().await.unwrap().unwrap().num_rows(), 2);
+        assert_eq!(receivers[0].recv().await.unwrap().unwrap().num_rows(), 2);
+        assert!(receivers[0].recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn out_of_range_channel_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sender, _receivers) = set(1, 1, runtime(1 << 20, dir.path()));
+        assert!(sender.send(5, batch(0, 1)).await.is_err());
+    }
+}
