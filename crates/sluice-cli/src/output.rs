@@ -38,8 +38,8 @@ pub enum ResultWriter<W: Write> {
     },
     /// Streams CSV.
     Csv {
-        /// The CSV writer.
-        writer: arrow::csv::Writer<W>,
+        /// The CSV writer (boxed: it is much larger than the other variants).
+        writer: Box<arrow::csv::Writer<W>>,
         /// Schema, to write the header when no batch came.
         schema: SchemaRef,
         /// Whether anything (and so the header) was written.
@@ -61,9 +61,11 @@ impl<W: Write> ResultWriter<W> {
                 batches: Vec::new(),
             },
             OutputFormat::Csv => Self::Csv {
-                writer: arrow::csv::WriterBuilder::new()
-                    .with_header(true)
-                    .build(out),
+                writer: Box::new(
+                    arrow::csv::WriterBuilder::new()
+                        .with_header(true)
+                        .build(out),
+                ),
                 schema,
                 started: false,
             },

@@ -1,5 +1,7 @@
 //! End-to-end tests of the built `sluice` binary: results on stdout, one clear error line on stderr.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;

@@ -1,5 +1,7 @@
 //! DataFusion's SQL logic tests in `../shared/slt` (beside the repository) must pass in every mode.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -16,12 +16,12 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use arrow::array::downcast_primitive;
 use arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, BooleanBufferBuilder,
     NullBufferBuilder, PrimitiveArray, RecordBatch, RecordBatchOptions,
 };
 use arrow::datatypes::{DataType, SchemaRef};
-use arrow::downcast_primitive;
 use datafusion_common::{DataFusionError, Result};
 use datafusion_physical_plan::metrics::Time;
 

@@ -165,26 +165,30 @@ impl ChannelSender {
             let space = shared.space.notified();
             tokio::pin!(space);
             space.as_mut().enable();
-            {
+            let must_wait = {
                 let mut state = shared.lock()?;
                 if state.open_channels() == 0 {
                     return Ok(false);
                 }
                 if state.all_open_full(shared.capacity) {
-                    drop(state);
-                    space.await;
-                    continue;
+                    true
+                } else {
+                    let target = &mut state.channels[channel];
+                    if !target.open {
+                        return Ok(true);
+                    }
+                    if target.reservation.try_grow(bytes).is_ok() {
+                        target.queue.push_back(Entry::Memory { batch, bytes });
+                        drop(state);
+                        shared.data[channel].notify_waiters();
+                        return Ok(true);
+                    }
+                    false
                 }
-                let target = &mut state.channels[channel];
-                if !target.open {
-                    return Ok(true);
-                }
-                if target.reservation.try_grow(bytes).is_ok() {
-                    target.queue.push_back(Entry::Memory { batch, bytes });
-                    drop(state);
-                    shared.data[channel].notify_waiters();
-                    return Ok(true);
-                }
+            };
+            if must_wait {
+                space.await;
+                continue;
             }
             // The pool is exhausted: write the batch to disk, outside the lock.
             let file = shared

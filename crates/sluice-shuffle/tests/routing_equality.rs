@@ -1,6 +1,8 @@
 //! Hash routing must equal DataFusion's `BatchPartitioner` row for row, for any schema, batch size and
 //! channel count: downstream operators rely on `Partitioning::Hash` meaning exactly DataFusion's routing.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -71,13 +73,8 @@ fn column(kind: Kind, values: &[Option<u8>]) -> (DataType, ArrayRef) {
             ),
         ),
         Kind::Dictionary => {
-            let array: DictionaryArray<Int32Type> = values
-                .iter()
-                .map(|v| text(v))
-                .collect::<Vec<_>>()
-                .iter()
-                .map(|v| v.as_deref())
-                .collect();
+            let strings: Vec<Option<String>> = values.iter().map(text).collect();
+            let array: DictionaryArray<Int32Type> = strings.iter().map(|v| v.as_deref()).collect();
             (
                 DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
                 Arc::new(array),
@@ -90,7 +87,10 @@ fn cell() -> impl Strategy<Value = Option<u8>> {
     prop_oneof![1 => Just(None), 6 => any::<u8>().prop_map(Some)]
 }
 
-fn case() -> impl Strategy<Value = (Vec<Kind>, Vec<Vec<Option<u8>>>, Vec<usize>, usize)> {
+/// Column kinds, their cells, the key column numbers, and the channel count.
+type Case = (Vec<Kind>, Vec<Vec<Option<u8>>>, Vec<usize>, usize);
+
+fn case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(kind(), 1..5),
         0usize..400,

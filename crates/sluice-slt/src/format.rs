@@ -168,8 +168,10 @@ pub fn cell_text(column: &ArrayRef, row: usize) -> Result<String, ArrowError> {
         }
         _ => {
             // DataFusion's default display options, with NULL spelled out.
-            let mut options = datafusion::config::FormatOptions::default();
-            options.null = "NULL".into();
+            let options = datafusion::config::FormatOptions {
+                null: "NULL".into(),
+                ..Default::default()
+            };
             let options: FormatOptions<'_> = (&options)
                 .try_into()
                 .map_err(|e| ArrowError::ComputeError(format!("display options: {e}")))?;

@@ -103,6 +103,8 @@ pub fn missing_setup(path: &Path) -> Option<String> {
         })
 }
 
+// The signature is sqllogictest's `Normalizer` type.
+#[allow(clippy::ptr_arg)]
 fn trim_end(text: &String) -> String {
     text.trim_end().to_string()
 }

@@ -201,8 +201,8 @@ fn print_report(report: &BenchReport, verify: bool) {
         report.scale_factor, report.mode, report.target_partitions, report.iterations
     );
     println!(
-        "{:<6} {:>8} {:>10} {:>11}  {}",
-        "query", "rows", "min (s)", "median (s)", "result"
+        "{:<6} {:>8} {:>10} {:>11}  result",
+        "query", "rows", "min (s)", "median (s)"
     );
     for query in &report.queries {
         let result = match (&query.error, query.verified) {

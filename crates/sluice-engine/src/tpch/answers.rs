@@ -103,7 +103,7 @@ pub fn cell_matches(expected: &str, actual: &str) -> bool {
     };
     if expected.contains('.') {
         let rounded = (got * 100.0).round() / 100.0;
-        let tolerance = (0.01 * want.abs()).min(100.0).max(0.01);
+        let tolerance = (0.01 * want.abs()).clamp(0.01, 100.0);
         (rounded - want).abs() <= tolerance + 1e-9
     } else {
         got == want
@@ -282,7 +282,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let rows = format_rows(&[batch.clone()]).unwrap();
+        let rows = format_rows(std::slice::from_ref(&batch)).unwrap();
         let answer = official_answer(1).unwrap();
         assert_eq!(compare(&answer, &rows), Ok(()));
 
