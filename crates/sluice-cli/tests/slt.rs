@@ -43,18 +43,23 @@ fn shared_slt_files_pass_in_local_mode() {
     run_slt("local");
 }
 
-#[test]
-fn a_file_needing_datafusion_test_context_fails_clearly() {
+/// Runs `sluice slt` on one file named `name` holding `text`; expects failure, returns stdout.
+fn failing_slt(name: &str, text: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("joins.slt");
-    std::fs::write(&file, "query I\nselect 1\n----\n1\n").unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, text).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("slt")
         .arg(&file)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(!output.status.success());
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn a_file_needing_datafusion_test_context_fails_clearly() {
+    let stdout = failing_slt("joins.slt", "query I\nselect 1\n----\n1\n");
     assert!(
         stdout.contains("needs DataFusion's sqllogictest context"),
         "{stdout}"
@@ -67,16 +72,7 @@ fn a_file_needing_datafusion_test_context_fails_clearly() {
 
 #[test]
 fn a_failing_record_prints_location_sql_and_both_results() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("wrong.slt");
-    std::fs::write(&file, "query I\nselect 40 + 2\n----\n41\n").unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("slt")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(!output.status.success());
+    let stdout = failing_slt("wrong.slt", "query I\nselect 40 + 2\n----\n41\n");
     assert!(stdout.contains("wrong.slt:1"), "{stdout}");
     assert!(stdout.contains("select 40 + 2"), "{stdout}");
     assert!(stdout.contains("41") && stdout.contains("42"), "{stdout}");

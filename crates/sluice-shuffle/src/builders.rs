@@ -21,6 +21,7 @@ use arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, BooleanBufferBuilder,
     NullBufferBuilder, PrimitiveArray, RecordBatch, RecordBatchOptions,
 };
+use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion_common::{DataFusionError, Result};
 use datafusion_physical_plan::metrics::Time;
@@ -31,6 +32,18 @@ trait ColumnBuilder: Send {
     fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()>;
     /// The built column; the builder starts over, with room for `capacity` rows.
     fn finish(&mut self, capacity: usize) -> ArrayRef;
+}
+
+/// Appends the validity of `rows` of a column whose null buffer is `nulls`.
+fn gather_nulls(builder: &mut NullBufferBuilder, nulls: Option<&NullBuffer>, rows: &[u32]) {
+    match nulls {
+        Some(nulls) if nulls.null_count() > 0 => {
+            for &row in rows {
+                builder.append(nulls.is_valid(row as usize));
+            }
+        }
+        _ => builder.append_n_non_nulls(rows.len()),
+    }
 }
 
 struct PrimitiveBuilder<T: ArrowPrimitiveType> {
@@ -47,14 +60,7 @@ impl<T: ArrowPrimitiveType> ColumnBuilder for PrimitiveBuilder<T> {
         let values = source.values();
         self.values
             .extend(rows.iter().map(|&row| values[row as usize]));
-        match source.nulls() {
-            Some(nulls) if nulls.null_count() > 0 => {
-                for &row in rows {
-                    self.nulls.append(nulls.is_valid(row as usize));
-                }
-            }
-            _ => self.nulls.append_n_non_nulls(rows.len()),
-        }
+        gather_nulls(&mut self.nulls, source.nulls(), rows);
         Ok(())
     }
 
@@ -81,14 +87,7 @@ impl ColumnBuilder for BoolBuilder {
         for &row in rows {
             self.values.append(values.value(row as usize));
         }
-        match source.nulls() {
-            Some(nulls) if nulls.null_count() > 0 => {
-                for &row in rows {
-                    self.nulls.append(nulls.is_valid(row as usize));
-                }
-            }
-            _ => self.nulls.append_n_non_nulls(rows.len()),
-        }
+        gather_nulls(&mut self.nulls, source.nulls(), rows);
         Ok(())
     }
 
