@@ -40,6 +40,9 @@ const NEEDS_TEST_CONTEXT: &[(&str, &str)] = &[
     ("cast_extension_type_metadata.slt", "a custom type planner"),
 ];
 
+/// Files that exercise a DataFusion cargo feature Sluice is built without.
+const NEEDS_FEATURE: &[(&str, &str)] = &[("encrypted_parquet.slt", "parquet_encryption")];
+
 /// Options of a run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SltOptions {
@@ -89,6 +92,12 @@ pub fn missing_setup(path: &Path) -> Option<String> {
     if path.components().any(|c| c.as_os_str() == "spark") {
         return Some(format!(
             "{} is a Spark-dialect test; it needs DataFusion's Spark test context, which Sluice does not provide",
+            path.display()
+        ));
+    }
+    if let Some((_, feature)) = NEEDS_FEATURE.iter().find(|(file, _)| *file == name) {
+        return Some(format!(
+            "{} needs DataFusion's `{feature}` feature, which Sluice is built without",
             path.display()
         ));
     }
@@ -225,6 +234,8 @@ mod tests {
         assert!(message.contains("joins.slt") && message.contains("does not provide"));
         assert!(missing_setup(Path::new("x/misc.slt")).is_none());
         assert!(missing_setup(Path::new("spark/math/abs.slt")).is_some());
+        let feature = missing_setup(Path::new("x/encrypted_parquet.slt")).unwrap();
+        assert!(feature.contains("parquet_encryption"), "{feature}");
     }
 
     fn write_slt(text: &str) -> tempfile::NamedTempFile {
