@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use sluice_engine::config::{ConfigLayer, parse_setting};
+use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
 use crate::commands::{ConfigArgs, DemoArgs, SltArgs, SqlArgs, TpchCommand};
@@ -76,10 +76,7 @@ impl GlobalArgs {
         let memory_limit = self
             .memory_limit
             .as_deref()
-            .map(|text| match text {
-                "unlimited" => Ok(None),
-                other => other.parse().map(Some),
-            })
+            .map(parse_memory_limit)
             .transpose()
             .map_err(|e| flag_error("--memory-limit", e))?;
         let session = self

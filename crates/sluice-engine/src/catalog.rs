@@ -189,10 +189,21 @@ pub fn discover_tables(dir: &Path) -> Result<Vec<TableSource>> {
         let Some(stem) = stem.and_then(|s| s.to_str()) else {
             continue;
         };
-        if path.is_dir() && directory_format(&path)?.is_none() {
-            continue;
-        }
-        let source = table_at(&table_name(stem), &path)?;
+        let name = table_name(stem);
+        let source = if path.is_dir() {
+            // Walk the directory once: a directory without data files is not a table.
+            let Some((format, extension)) = directory_format(&path)? else {
+                continue;
+            };
+            TableSource {
+                name,
+                path: path.clone(),
+                format,
+                extension,
+            }
+        } else {
+            table_at(&name, &path)?
+        };
         if let Some(previous) = tables.get(&source.name) {
             return Err(SluiceError::invalid(format!(
                 "{} and {} both make table '{}': rename one or use --table",

@@ -185,7 +185,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
 ];
 
-fn parse_memory_limit(text: &str) -> Result<Option<ByteSize>, String> {
+/// Parses a memory limit: a size, or `unlimited` / `none` for no limit.
+pub fn parse_memory_limit(text: &str) -> Result<Option<ByteSize>, String> {
     match text.trim() {
         "unlimited" | "none" | "" => Ok(None),
         other => other.parse().map(Some),

@@ -84,11 +84,6 @@ impl ChannelCoalescers {
             .find_map(|(channel, c)| c.next_completed_batch().map(|b| (channel, b)))
     }
 
-    /// Takes the next completed batch of `channel`.
-    pub fn next_completed_of(&mut self, channel: usize) -> Option<RecordBatch> {
-        self.coalescers.get_mut(channel)?.next_completed_batch()
-    }
-
     /// Flushes every channel's remainder; completed batches are then available.
     pub fn finish(&mut self) -> Result<()> {
         let _timer = self.time.timer();
