@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
-use crate::commands::{ConfigArgs, DemoArgs, SltArgs, SqlArgs, TpchCommand};
+use crate::commands::{ConfigArgs, DemoArgs, ExplainArgs, SltArgs, SqlArgs, TpchCommand};
 
 /// Sluice: a distributed SQL query engine on Apache DataFusion.
 #[derive(Debug, Parser)]
@@ -50,6 +50,8 @@ struct GlobalArgs {
 enum Command {
     /// Run SQL: a query argument, a file (-f), statements on stdin, or an interactive shell.
     Sql(SqlArgs),
+    /// Show how a query runs distributed: its job graph (stages, shuffles) and task regions.
+    Explain(ExplainArgs),
     /// Generate TPC-H data and run the TPC-H queries.
     #[command(subcommand)]
     Tpch(TpchCommand),

@@ -419,3 +419,107 @@ fn ctrl_c_stops_a_long_query() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+const Q5: &str = "select n_name, sum(l_extendedprice * (1 - l_discount)) as revenue \
+    from customer, orders, lineitem, supplier, nation, region \
+    where c_custkey = o_custkey and l_orderkey = o_orderkey and l_suppkey = s_suppkey \
+    and c_nationkey = s_nationkey and s_nationkey = n_nationkey and n_regionkey = r_regionkey \
+    and r_name = 'ASIA' and o_orderdate >= date '1994-01-01' \
+    and o_orderdate < date '1994-01-01' + interval '1' year \
+    group by n_name order by revenue desc";
+
+#[test]
+fn explain_prints_the_job_graph_as_json() {
+    let data = tpch_dir().to_str().unwrap();
+    let args = [
+        "--set",
+        "datafusion.execution.target_partitions=4",
+        "explain",
+        "--format",
+        "json",
+        "--data",
+        data,
+        Q5,
+    ];
+    let output = run(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let stages = json["stages"].as_array().unwrap();
+    assert!(stages.len() >= 3);
+    let modes: Vec<&str> = stages
+        .iter()
+        .flat_map(|s| s["inputs"].as_array().unwrap())
+        .map(|i| i["mode"].as_str().unwrap())
+        .collect();
+    assert!(modes.contains(&"Shuffle"), "{modes:?}");
+    assert!(
+        stages
+            .iter()
+            .any(|s| s["distribution"]["kind"] == "Hash" && s["distribution"]["channels"] == 4)
+    );
+    for stage in stages {
+        for key in [
+            "id",
+            "partitions",
+            "placement",
+            "mode",
+            "distribution",
+            "inputs",
+            "plan",
+        ] {
+            assert!(stage.get(key).is_some(), "stage without {key}: {stage}");
+        }
+    }
+    let regions = json["regions"].as_array().unwrap();
+    assert!(
+        regions
+            .iter()
+            .all(|r| r["tasks"].is_array() && r["depends_on"].is_array())
+    );
+}
+
+#[test]
+fn explain_distributed_in_sql_and_local_graph_queries() {
+    let data = tpch_dir().to_str().unwrap();
+    let explain = format!("EXPLAIN DISTRIBUTED {Q5};");
+    let output = run(&["sql", "--data", data, &explain]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("Stage 0") && text.contains("Regions:"),
+        "{text}"
+    );
+
+    let query = "select r_name, count(*) from region join nation on r_regionkey = n_regionkey \
+                 group by r_name order by r_name";
+    let local = run(&["sql", "--format", "csv", "--data", data, query]);
+    let graph = run(&[
+        "--mode",
+        "local-graph",
+        "sql",
+        "--format",
+        "csv",
+        "--data",
+        data,
+        query,
+    ]);
+    assert!(graph.status.success(), "{}", stderr(&graph));
+    assert_eq!(stdout(&graph), stdout(&local));
+    assert!(stdout(&graph).contains("ASIA,5"));
+}
+
+#[test]
+fn a_query_failing_in_a_task_is_a_clear_error_in_local_graph_mode() {
+    let data = tpch_dir().to_str().unwrap();
+    assert_clear_error(
+        &[
+            "--mode",
+            "local-graph",
+            "sql",
+            "--data",
+            data,
+            "select 1 / (n_nationkey - n_nationkey) from nation",
+        ],
+        &["Divide by zero", "stage"],
+    );
+}

@@ -43,6 +43,11 @@ fn shared_slt_files_pass_in_local_mode() {
     run_slt("local");
 }
 
+#[test]
+fn shared_slt_files_pass_in_local_graph_mode() {
+    run_slt("local-graph");
+}
+
 /// Runs `sluice slt` on one file named `name` holding `text`; expects failure, returns stdout.
 fn failing_slt(name: &str, text: &str) -> String {
     let dir = tempfile::tempdir().unwrap();

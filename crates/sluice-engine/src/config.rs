@@ -24,16 +24,46 @@ pub enum ExecutionMode {
     /// In-process DataFusion (`execute_stream`): the embedded default.
     #[default]
     Local,
+    /// The job graph executed in this process by the in-process job executor: stages, shuffles and
+    /// task regions exactly as a cluster runs them, without networking.
+    LocalGraph,
 }
 
 impl ExecutionMode {
     /// Every mode, in the order `--help` lists them.
-    pub const ALL: &'static [ExecutionMode] = &[ExecutionMode::Local];
+    pub const ALL: &'static [ExecutionMode] = &[ExecutionMode::Local, ExecutionMode::LocalGraph];
 
     /// The name used on the command line and in config files.
     pub fn name(self) -> &'static str {
         match self {
             ExecutionMode::Local => "local",
+            ExecutionMode::LocalGraph => "local-graph",
+        }
+    }
+
+    /// DataFusion settings this mode needs for correct results, applied over every layer:
+    /// - each task runs its own plan instance, so a scan must not steal files from its siblings'
+    ///   partitions (they are read by other tasks);
+    /// - a partitioned hash join's dynamic filter waits for every partition of its instance, which
+    ///   run in other tasks;
+    /// - a physical scalar subquery's value cannot cross a stage boundary.
+    pub fn required_settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            ExecutionMode::Local => &[],
+            ExecutionMode::LocalGraph => &[
+                (
+                    "datafusion.execution.enable_file_stream_work_stealing",
+                    "false",
+                ),
+                (
+                    "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+                    "false",
+                ),
+                (
+                    "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
+                    "false",
+                ),
+            ],
         }
     }
 }
@@ -308,6 +338,15 @@ impl SluiceConfig {
                     message: format!("setting {key}: {}", first_line(&e.to_string())),
                 })?;
         }
+        for (key, value) in self.mode.value.required_settings() {
+            config
+                .options_mut()
+                .set(key, value)
+                .map_err(|e| SluiceError::Config {
+                    source_name: format!("mode {}", self.mode.value),
+                    message: format!("setting {key}: {}", first_line(&e.to_string())),
+                })?;
+        }
         Ok(config)
     }
 
@@ -336,16 +375,30 @@ impl SluiceConfig {
             let config = self.session_config()?;
             for entry in config.options().entries() {
                 let value = entry.value.unwrap_or_default();
-                let source = self
-                    .session
-                    .get(&entry.key)
-                    .map(|s| s.source.as_str())
-                    .unwrap_or("DataFusion default");
+                let required = self.mode.value.required_settings();
+                let source = if required.iter().any(|(k, _)| *k == entry.key) {
+                    format!("mode {} (required)", self.mode.value)
+                } else {
+                    self.session
+                        .get(&entry.key)
+                        .map(|s| s.source.clone())
+                        .unwrap_or_else(|| "DataFusion default".into())
+                };
                 let _ = writeln!(out, "{:?} = {:?}  # from {source}", entry.key, value);
             }
         } else {
+            let required = self.mode.value.required_settings();
             for (key, value) in &self.session {
-                let _ = writeln!(out, "{key:?} = {:?}  # from {}", value.value, value.source);
+                if !required.iter().any(|(k, _)| k == key) {
+                    let _ = writeln!(out, "{key:?} = {:?}  # from {}", value.value, value.source);
+                }
+            }
+            for (key, value) in required {
+                let _ = writeln!(
+                    out,
+                    "{key:?} = {value:?}  # from mode {} (required)",
+                    self.mode.value
+                );
             }
         }
         Ok(out)

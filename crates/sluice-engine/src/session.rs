@@ -25,6 +25,7 @@ use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
 use crate::runner::{JobRunner, runner_for};
+use sluice_planner::{JobGraph, JobTopology};
 
 /// The output of one statement, fully collected.
 #[derive(Debug, Clone)]
@@ -146,6 +147,24 @@ impl SluiceSession {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, annotated)))
     }
 
+    /// Plans one query and cuts it into a job graph and its task regions (EXPLAIN DISTRIBUTED).
+    pub async fn job_graph(&self, sql: &str) -> Result<(JobGraph, JobTopology)> {
+        let mut statements = self.parse_sql(sql)?;
+        let statement = match (statements.pop(), statements.is_empty()) {
+            (Some(statement), true) => statement,
+            (None, _) => return Err(SluiceError::invalid("no SQL statement to explain")),
+            (Some(_), false) => {
+                return Err(SluiceError::invalid(
+                    "EXPLAIN DISTRIBUTED takes exactly one statement",
+                ));
+            }
+        };
+        let plan = self.plan_statement(statement).await?;
+        let graph = JobGraph::try_new(plan)?;
+        let topology = JobTopology::try_new(&graph)?;
+        Ok((graph, topology))
+    }
+
     /// Runs every statement in `sql` and collects each one's output.
     pub async fn run_sql(&self, sql: &str) -> Result<Vec<StatementOutput>> {
         let mut outputs = Vec::new();
@@ -201,6 +220,20 @@ fn annotate_read_error(error: DataFusionError, sources: &str) -> DataFusionError
     }
 }
 
+/// The query after a leading `EXPLAIN DISTRIBUTED` (any case), if `sql` starts with it.
+pub fn strip_explain_distributed(sql: &str) -> Option<&str> {
+    let mut rest = sql.trim_start();
+    for word in ["explain", "distributed"] {
+        let head = rest.get(..word.len())?;
+        let next = rest[word.len()..].chars().next();
+        if !head.eq_ignore_ascii_case(word) || !next.is_some_and(char::is_whitespace) {
+            return None;
+        }
+        rest = rest[word.len()..].trim_start();
+    }
+    Some(rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +251,16 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(formatted.contains("| 3 "), "{formatted}");
+    }
+
+    #[test]
+    fn explain_distributed_prefix_is_recognised() {
+        assert_eq!(
+            strip_explain_distributed("  EXPLAIN\n distributed select 1"),
+            Some("select 1")
+        );
+        assert_eq!(strip_explain_distributed("explain select 1"), None);
+        assert_eq!(strip_explain_distributed("explaindistributed x"), None);
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 
 mod config;
 mod demo;
+mod explain;
 mod slt;
 mod sql;
 mod tpch;
@@ -13,6 +14,7 @@ use tokio::runtime::Runtime;
 
 pub use config::ConfigArgs;
 pub use demo::DemoArgs;
+pub use explain::ExplainArgs;
 pub use slt::SltArgs;
 pub use sql::{SqlArgs, run_statements};
 pub use tpch::TpchCommand;
@@ -23,6 +25,7 @@ use crate::Command;
 pub fn run(command: Command, config: SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
     match command {
         Command::Sql(args) => sql::run(args, &config, runtime),
+        Command::Explain(args) => explain::run(args, &config, runtime),
         Command::Tpch(command) => tpch::run(command, &config, runtime),
         Command::Demo(args) => demo::run(args, &config, runtime),
         Command::Slt(args) => slt::run(args, &config, runtime),

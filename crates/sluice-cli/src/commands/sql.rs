@@ -8,9 +8,11 @@ use std::time::Instant;
 use clap::Args;
 use futures::StreamExt;
 use sluice_engine::catalog::{discover_tables, parse_table_arg};
+use sluice_engine::session::strip_explain_distributed;
 use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
 use tokio::runtime::Runtime;
 
+use super::explain::{ExplainFormat, explain};
 use crate::cancel::until_ctrl_c;
 use crate::output::{OutputFormat, ResultWriter};
 use crate::shell;
@@ -100,6 +102,15 @@ pub async fn run_statements(
     sql: &str,
     format: OutputFormat,
 ) -> Result<()> {
+    if let Some(query) = strip_explain_distributed(sql) {
+        let format = match format {
+            OutputFormat::Json | OutputFormat::Ndjson => ExplainFormat::Json,
+            _ => ExplainFormat::Text,
+        };
+        let query = query.trim_end().trim_end_matches(';');
+        print!("{}", explain(session, query, format).await?);
+        return Ok(());
+    }
     let statements = session.parse_sql(sql)?;
     if statements.is_empty() {
         return Err(SluiceError::invalid("no SQL statement given"));

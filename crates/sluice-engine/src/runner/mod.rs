@@ -8,9 +8,11 @@
 //! ```text
 //!   SQL ─► logical plan ─► physical plan ─► JobRunner::execute ─► SendableRecordBatchStream
 //!                                              │
-//!                                              └─ local: DataFusion execute_stream
+//!                                              ├─ local: DataFusion execute_stream
+//!                                              └─ local-graph: JobGraph + in-process job executor
 //! ```
 
+mod graph;
 mod local;
 
 use std::fmt::Debug;
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 
+pub use graph::LocalGraphRunner;
 pub use local::LocalRunner;
 
 use crate::config::ExecutionMode;
@@ -42,5 +45,6 @@ pub trait JobRunner: Debug + Send + Sync {
 pub fn runner_for(mode: ExecutionMode) -> Arc<dyn JobRunner> {
     match mode {
         ExecutionMode::Local => Arc::new(LocalRunner),
+        ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner),
     }
 }

@@ -1,0 +1,121 @@
+//! EXPLAIN DISTRIBUTED: a job graph and its topology as text or JSON.
+//!
+//! Text shows each stage (id, placement, partitions, output distribution and mode, inputs) followed
+//! by its indented physical plan, then the task regions with their dependencies. JSON has the shape
+//! `{"stages":[{"id","partitions","placement","mode","distribution":{"kind","channels","keys"},
+//! "inputs":[{"stage","mode"}],"plan"}],"regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
+
+use std::fmt::Write;
+
+use datafusion::physical_plan::displayable;
+use serde_json::{Value, json};
+
+use crate::job_graph::{JobGraph, Stage};
+use crate::topology::{JobTopology, TaskRegion};
+
+fn plan_text(stage: &Stage) -> String {
+    displayable(stage.plan.as_ref()).indent(false).to_string()
+}
+
+fn distribution_text(stage: &Stage) -> String {
+    let d = &stage.distribution;
+    let keys = d.key_names();
+    if keys.is_empty() {
+        format!("{}({})", d.kind(), d.channels())
+    } else {
+        format!("{}([{}], {})", d.kind(), keys.join(", "), d.channels())
+    }
+}
+
+fn region_tasks(region: &TaskRegion) -> String {
+    region
+        .tasks
+        .iter()
+        .map(|t| format!("{}/{}", t.stage, t.partition))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The graph and topology as indented text.
+pub fn explain_text(graph: &JobGraph, topology: &JobTopology) -> String {
+    let mut out = String::new();
+    let last = graph.final_stage();
+    for (id, stage) in graph.stages().iter().enumerate() {
+        let role = if id == last.0 { " (final)" } else { "" };
+        let inputs = stage
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| format!("input {i} = stage {} {}", input.stage, input.mode.name()))
+            .collect::<Vec<_>>();
+        let _ = writeln!(
+            out,
+            "Stage {id}{role}: placement={}, partitions={}, output={} {}",
+            stage.placement.name(),
+            stage.partitions(),
+            distribution_text(stage),
+            stage.mode.name(),
+        );
+        if !inputs.is_empty() {
+            let _ = writeln!(out, "  inputs: {}", inputs.join(", "));
+        }
+        for line in plan_text(stage).lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    let _ = writeln!(out, "Regions:");
+    for (id, region) in topology.regions().iter().enumerate() {
+        let depends = if region.depends_on.is_empty() {
+            String::new()
+        } else {
+            let ids: Vec<String> = region.depends_on.iter().map(|r| r.0.to_string()).collect();
+            format!(" after region {}", ids.join(", "))
+        };
+        let _ = writeln!(
+            out,
+            "  region {id}: tasks {}{depends}",
+            region_tasks(region)
+        );
+    }
+    out
+}
+
+/// The graph and topology as a JSON value (see the module docs for the shape).
+pub fn explain_json(graph: &JobGraph, topology: &JobTopology) -> Value {
+    let stages: Vec<Value> = graph
+        .stages()
+        .iter()
+        .enumerate()
+        .map(|(id, stage)| {
+            json!({
+                "id": id,
+                "partitions": stage.partitions(),
+                "placement": stage.placement.name(),
+                "mode": stage.mode.name(),
+                "distribution": {
+                    "kind": stage.distribution.kind(),
+                    "channels": stage.distribution.channels(),
+                    "keys": stage.distribution.key_names(),
+                },
+                "inputs": stage.inputs.iter().map(|i| json!({
+                    "stage": i.stage.0,
+                    "mode": i.mode.name(),
+                })).collect::<Vec<_>>(),
+                "plan": plan_text(stage),
+            })
+        })
+        .collect();
+    let regions: Vec<Value> = topology
+        .regions()
+        .iter()
+        .enumerate()
+        .map(|(id, region)| {
+            json!({
+                "id": id,
+                "tasks": region.tasks.iter().map(|t| json!([t.stage.0, t.partition])).collect::<Vec<_>>(),
+                "depends_on": region.depends_on.iter().map(|r| r.0).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "stages": stages, "regions": regions })
+}

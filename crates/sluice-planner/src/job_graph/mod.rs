@@ -1,0 +1,319 @@
+//! The job graph: a DataFusion physical plan cut into stages at its exchanges.
+//!
+//! ```text
+//!   AggregateExec(final)                          stage 1: AggregateExec(final)
+//!     RepartitionExec Hash(k, 4)        ──►                  StageInputExec(input 0 = stage 0, Shuffle)
+//!       AggregateExec(partial)                    stage 0: AggregateExec(partial)      Hash{[k], 4}
+//!         DataSourceExec (3 files)                           DataSourceExec (3 partitions)
+//! ```
+//!
+//! Vocabulary: a job has stages; a stage has partitions (its plan's output partitions); a task runs one
+//! partition of one stage and splits its output into channels by the stage's [`OutputDistribution`].
+//! A consumer stage reads a producer through a [`StageInput`] whose [`InputMode`] says which producer
+//! (partition, channel) streams each consumer partition reads (see [`input_keys`]).
+//!
+//! Invariants of a built [`JobGraph`]:
+//! - stages are in topological order (every input stage comes before its consumer); the last stage is
+//!   the final stage, whose output is the job's output;
+//! - every stage plan is a plain DataFusion plan whose only leaves that read other stages are
+//!   `StageInputExec<usize>` indexing that stage's `inputs`; no `RepartitionExec`,
+//!   multi-partition `CoalescePartitionsExec` or multi-partition `SortPreservingMergeExec` remains
+//!   inside a stage;
+//! - a stage that reads a `Forward` input has the producer's partition count at that placeholder;
+//! - every stage but the final one feeds exactly one input of one later stage.
+
+mod builder;
+pub mod input_keys;
+pub mod rewrites;
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Result;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+
+use crate::distribution::DistributionRules;
+
+/// A stage's index in its job graph (also its position in topological order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StageId(pub usize);
+
+impl fmt::Display for StageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How a consumer stage reads a producer stage's output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InputMode {
+    /// Consumer partition `p` reads producer partition `p` (all its channels). Equal partition counts.
+    Forward,
+    /// Every consumer task reads every producer partition as its own input partition (an
+    /// order-preserving merge runs in the consumer).
+    Merge,
+    /// Consumer partition `c` reads channel `c` of every producer partition.
+    Shuffle,
+    /// Every consumer task reads every channel of every producer partition.
+    Broadcast,
+    /// Consumer partition `p` of `M` reads the contiguous producer partitions `[p*N/M, (p+1)*N/M)`.
+    Rescale,
+}
+
+impl InputMode {
+    /// The name used in EXPLAIN output.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputMode::Forward => "Forward",
+            InputMode::Merge => "Merge",
+            InputMode::Shuffle => "Shuffle",
+            InputMode::Broadcast => "Broadcast",
+            InputMode::Rescale => "Rescale",
+        }
+    }
+
+    /// Whether every consumer task reads the streams (so the producer keeps one replica per
+    /// consumer partition).
+    pub fn replicated(self) -> bool {
+        matches!(self, InputMode::Merge | InputMode::Broadcast)
+    }
+}
+
+/// When a stage's output may be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputMode {
+    /// Consumers read while the producer runs; producer and consumers are scheduled together.
+    Pipelined,
+    /// Consumers start only after the producer finished; the output is kept until then.
+    Blocking,
+}
+
+impl OutputMode {
+    /// The name used in EXPLAIN output.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputMode::Pipelined => "Pipelined",
+            OutputMode::Blocking => "Blocking",
+        }
+    }
+}
+
+/// How each task of a stage splits its output rows into channels.
+#[derive(Debug, Clone)]
+pub enum OutputDistribution {
+    /// By hash of the keys, exactly as DataFusion's `RepartitionExec` routes rows.
+    Hash {
+        /// Key expressions over the stage's output schema.
+        keys: Vec<Arc<dyn PhysicalExpr>>,
+        /// Number of channels.
+        channels: usize,
+    },
+    /// Whole batches in turn, starting at a staggered channel.
+    RoundRobin {
+        /// Number of channels.
+        channels: usize,
+    },
+}
+
+impl OutputDistribution {
+    /// Number of output channels.
+    pub fn channels(&self) -> usize {
+        match self {
+            OutputDistribution::Hash { channels, .. }
+            | OutputDistribution::RoundRobin { channels } => *channels,
+        }
+    }
+
+    /// `"Hash"` or `"RoundRobin"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutputDistribution::Hash { .. } => "Hash",
+            OutputDistribution::RoundRobin { .. } => "RoundRobin",
+        }
+    }
+
+    /// The hash keys, rendered; empty for round-robin.
+    pub fn key_names(&self) -> Vec<String> {
+        match self {
+            OutputDistribution::Hash { keys, .. } => keys.iter().map(|k| k.to_string()).collect(),
+            OutputDistribution::RoundRobin { .. } => Vec::new(),
+        }
+    }
+}
+
+/// Where a stage's tasks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskPlacement {
+    /// On the driver: nodes that cannot be shipped to workers (system tables, generated series,
+    /// recursive queries).
+    Driver,
+    /// On workers.
+    Worker,
+}
+
+impl TaskPlacement {
+    /// The name used in EXPLAIN output.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskPlacement::Driver => "Driver",
+            TaskPlacement::Worker => "Worker",
+        }
+    }
+}
+
+/// One input of a stage: which stage it reads and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageInput {
+    /// The producer stage.
+    pub stage: StageId,
+    /// How its streams are read.
+    pub mode: InputMode,
+}
+
+/// One stage: a plan run once per partition, its inputs and how its output is split.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// The producer stages read by the plan's `StageInputExec<usize>` leaves, by index.
+    pub inputs: Vec<StageInput>,
+    /// The stage plan.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// When the output may be read.
+    pub mode: OutputMode,
+    /// How each task's output is split into channels.
+    pub distribution: OutputDistribution,
+    /// Where the tasks run.
+    pub placement: TaskPlacement,
+}
+
+impl Stage {
+    /// Number of partitions, i.e. tasks.
+    pub fn partitions(&self) -> usize {
+        self.plan.output_partitioning().partition_count()
+    }
+}
+
+/// Choices the job-graph builder makes that are not dictated by the plan.
+#[derive(Debug, Clone)]
+pub struct JobGraphOptions {
+    /// How plan nodes distribute (built-in rules plus registered extensions).
+    pub rules: DistributionRules,
+    /// The output mode of every stage that feeds another stage.
+    pub exchange_mode: OutputMode,
+    /// Apply the distributed-correctness rewrites (see [`rewrites`]). Always on when running
+    /// queries; tests turn it off to show the wrong answers each rewrite prevents.
+    pub apply_rewrites: bool,
+}
+
+impl Default for JobGraphOptions {
+    fn default() -> Self {
+        Self {
+            rules: DistributionRules::default(),
+            exchange_mode: OutputMode::Pipelined,
+            apply_rewrites: true,
+        }
+    }
+}
+
+/// A physical plan cut into stages; see the module docs.
+#[derive(Debug, Clone)]
+pub struct JobGraph {
+    stages: Vec<Stage>,
+    schema: SchemaRef,
+}
+
+impl JobGraph {
+    /// Cuts `plan` (taken after every DataFusion physical optimizer rule) into stages with the
+    /// default rules.
+    pub fn try_new(plan: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Self::try_new_with(plan, &JobGraphOptions::default())
+    }
+
+    /// Cuts `plan` into stages with `options`.
+    pub fn try_new_with(plan: Arc<dyn ExecutionPlan>, options: &JobGraphOptions) -> Result<Self> {
+        let schema = plan.schema();
+        let plan = if options.apply_rewrites {
+            rewrites::apply_all(plan)?
+        } else {
+            plan
+        };
+        let stages = builder::build_stages(plan, options)?;
+        Ok(Self { stages, schema })
+    }
+
+    /// Assembles a graph from stages already in topological order (for tests and tools).
+    pub fn from_stages(stages: Vec<Stage>, schema: SchemaRef) -> Result<Self> {
+        for (index, stage) in stages.iter().enumerate() {
+            if let Some(bad) = stage.inputs.iter().find(|i| i.stage.0 >= index) {
+                return datafusion::common::plan_err!(
+                    "stage {index} reads stage {} which does not come before it",
+                    bad.stage
+                );
+            }
+        }
+        for index in 0..stages.len() {
+            let readers = stages
+                .iter()
+                .flat_map(|s| s.inputs.iter())
+                .filter(|i| i.stage.0 == index)
+                .count();
+            if readers > 1 {
+                return datafusion::common::plan_err!(
+                    "stage {index} is read by {readers} inputs; a stage feeds exactly one input"
+                );
+            }
+        }
+        if stages.is_empty() {
+            return datafusion::common::plan_err!("a job graph needs at least one stage");
+        }
+        Ok(Self { stages, schema })
+    }
+
+    /// The stages in topological order; the last is the final stage.
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    /// One stage.
+    pub fn stage(&self, id: StageId) -> Option<&Stage> {
+        self.stages.get(id.0)
+    }
+
+    /// The final stage's id.
+    pub fn final_stage(&self) -> StageId {
+        StageId(self.stages.len().saturating_sub(1))
+    }
+
+    /// The job's output schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The consumers of `stage`: (consumer stage, the input it reads it through).
+    pub fn consumers(&self, stage: StageId) -> impl Iterator<Item = (StageId, StageInput)> + '_ {
+        self.stages.iter().enumerate().flat_map(move |(id, s)| {
+            s.inputs
+                .iter()
+                .filter(move |i| i.stage == stage)
+                .map(move |i| (StageId(id), *i))
+        })
+    }
+
+    /// How many times each output stream of `stage` is read: one replica per consumer partition for
+    /// `Merge` and `Broadcast` inputs, one otherwise; one for the final stage (read by the job output).
+    /// Every stage feeds at most one input, so there is no sum over consumers.
+    pub fn replicas(&self, stage: StageId) -> usize {
+        let total: usize = self
+            .consumers(stage)
+            .map(|(consumer, input)| {
+                if input.mode.replicated() {
+                    self.stages[consumer.0].partitions()
+                } else {
+                    1
+                }
+            })
+            .sum();
+        total.max(1)
+    }
+}

@@ -1,0 +1,31 @@
+//! Sluice's distributed planner: the pure-code steps between a DataFusion physical plan and task
+//! definitions.
+//!
+//! ```text
+//!  physical plan ──rewrites──► JobGraph::try_new ──► stages (plans with StageInputExec<usize>)
+//!                                                       │
+//!                                         JobTopology::try_new ──► task regions + dependencies
+//!                                                       │
+//!                                        input_keys ──► which producer streams each task reads
+//! ```
+//!
+//! Nothing here performs IO or spawns tasks: every function is a deterministic transformation that is
+//! unit-tested on its own. Execution lives in `sluice-runtime`.
+
+pub mod distribution;
+pub mod explain;
+pub mod job_graph;
+pub mod plan;
+pub mod topology;
+
+pub use distribution::{
+    Boundary, ChildUsage, DistributedExec, DistributionRules, NodeDistribution,
+};
+pub use job_graph::input_keys::{InputKey, task_input_keys};
+pub use job_graph::{
+    InputMode, JobGraph, JobGraphOptions, OutputDistribution, OutputMode, Stage, StageId,
+    StageInput, TaskPlacement,
+};
+pub use plan::rescale::RescaleExec;
+pub use plan::stage_input::StageInputExec;
+pub use topology::{JobTopology, RegionId, TaskId, TaskRegion};

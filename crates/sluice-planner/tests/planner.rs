@@ -1,0 +1,475 @@
+//! The job-graph planner on real DataFusion plans: every cut rule, the rewrites, replicas, topology
+//! slicing and dependencies, unshippable nodes and the extension point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displayable};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_planner::distribution::{DistributedExec, NodeDistribution};
+use sluice_planner::{
+    DistributionRules, InputMode, JobGraph, JobGraphOptions, JobTopology, OutputDistribution,
+    OutputMode, RescaleExec, Stage, StageId, StageInput, StageInputExec, TaskPlacement,
+};
+
+fn context(settings: &[(&str, &str)]) -> SessionContext {
+    let mut config = SessionConfig::new().with_target_partitions(4);
+    for (key, value) in [
+        (
+            "datafusion.execution.enable_file_stream_work_stealing",
+            "false",
+        ),
+        (
+            "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+            "false",
+        ),
+        (
+            "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
+            "false",
+        ),
+    ]
+    .iter()
+    .chain(settings)
+    {
+        config.options_mut().set(key, value).unwrap();
+    }
+    let ctx = SessionContext::new_with_config(config);
+    for (name, partitions, rows) in [("big", 4, 1000), ("small", 2, 10)] {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Int64, false),
+        ]));
+        let parts = (0..partitions)
+            .map(|p| {
+                let a: Int64Array = (0..rows).map(|i| Some(i * partitions + p)).collect();
+                let b: Int64Array = (0..rows).map(|i| i % 7).collect();
+                vec![RecordBatch::try_new(schema.clone(), vec![Arc::new(a), Arc::new(b)]).unwrap()]
+            })
+            .collect();
+        let table = MemTable::try_new(schema, parts).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+    ctx
+}
+
+async fn plan(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    ctx.sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap()
+}
+
+async fn graph(sql: &str) -> JobGraph {
+    JobGraph::try_new(plan(&context(&[]), sql).await).unwrap()
+}
+
+fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(false).to_string()
+}
+
+fn assert_no_exchange_inside_stages(graph: &JobGraph) {
+    for (id, stage) in graph.stages().iter().enumerate() {
+        let t = text(&stage.plan);
+        assert!(!t.contains("RepartitionExec"), "stage {id}:\n{t}");
+        assert!(!t.contains("StageInputExec: stage="), "stage {id}:\n{t}");
+        for input in &stage.inputs {
+            assert!(input.stage.0 < id, "stage {id} reads a later stage");
+        }
+    }
+}
+
+#[tokio::test]
+async fn hash_repartition_cuts_into_a_hash_distribution_read_by_shuffle() {
+    let g = graph("select b, count(*) from big group by b").await;
+    assert_no_exchange_inside_stages(&g);
+    let producer = g
+        .stages()
+        .iter()
+        .position(|s| matches!(s.distribution, OutputDistribution::Hash { .. }))
+        .unwrap();
+    let stage = &g.stages()[producer];
+    assert_eq!(stage.distribution.channels(), 4);
+    assert_eq!(stage.distribution.key_names(), vec!["b@0".to_string()]);
+    let (consumer, input) = g.consumers(StageId(producer)).next().unwrap();
+    assert_eq!(input.mode, InputMode::Shuffle);
+    assert_eq!(g.stages()[consumer.0].partitions(), 4);
+    assert_eq!(g.replicas(StageId(producer)), 1);
+    // The final stage is last and written as one channel.
+    let last = g.stages().last().unwrap();
+    assert_eq!(last.distribution.channels(), 1);
+    assert_eq!(last.placement, TaskPlacement::Worker);
+}
+
+#[tokio::test]
+async fn round_robin_repartition_cuts_too() {
+    let ctx = context(&[]);
+    let p = plan(&ctx, "select a from small where a > 3").await;
+    let p = Arc::new(
+        datafusion::physical_plan::repartition::RepartitionExec::try_new(
+            p,
+            datafusion::physical_expr::Partitioning::RoundRobinBatch(3),
+        )
+        .unwrap(),
+    );
+    let g = JobGraph::try_new(p).unwrap();
+    assert_eq!(g.stages().len(), 2);
+    assert!(matches!(
+        g.stages()[0].distribution,
+        OutputDistribution::RoundRobin { channels: 3 }
+    ));
+    assert_eq!(g.stages()[1].inputs[0].mode, InputMode::Shuffle);
+    assert_eq!(g.stages()[1].partitions(), 3);
+}
+
+#[tokio::test]
+async fn sort_preserving_merge_reads_every_partition_with_merge() {
+    let g = graph("select a from big order by a").await;
+    let last = g.stages().last().unwrap();
+    assert!(text(&last.plan).starts_with("SortPreservingMergeExec"));
+    assert_eq!(last.inputs[0].mode, InputMode::Merge);
+    // Merge is read by every consumer partition: one replica each.
+    assert_eq!(g.replicas(last.inputs[0].stage), last.partitions());
+}
+
+#[tokio::test]
+async fn coalesce_with_fetch_keeps_the_limit_above_the_cut() {
+    let ctx = context(&[]);
+    let p = plan(&ctx, "select a from big where b > 2").await;
+    let coalesce = datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(p)
+        .with_fetch(Some(7));
+    let g = JobGraph::try_new(Arc::new(coalesce)).unwrap();
+    let last = text(&g.stages().last().unwrap().plan);
+    assert!(
+        last.starts_with("GlobalLimitExec: skip=0, fetch=7"),
+        "{last}"
+    );
+    assert_eq!(
+        g.stages().last().unwrap().inputs[0].mode,
+        InputMode::Shuffle
+    );
+    assert!(matches!(
+        g.stages()[0].distribution,
+        OutputDistribution::RoundRobin { channels: 1 }
+    ));
+}
+
+#[tokio::test]
+async fn rescale_node_reads_contiguous_ranges() {
+    let ctx = context(&[]);
+    let p = plan(&ctx, "select a from big").await;
+    assert_eq!(p.output_partitioning().partition_count(), 4);
+    let g = JobGraph::try_new(Arc::new(RescaleExec::try_new(p, 2).unwrap())).unwrap();
+    let last = g.stages().last().unwrap();
+    assert_eq!(last.inputs[0].mode, InputMode::Rescale);
+    assert_eq!(last.partitions(), 2);
+    assert_eq!(g.replicas(last.inputs[0].stage), 1);
+}
+
+#[tokio::test]
+async fn collect_left_build_sides_are_broadcast() {
+    let ctx = context(&[("datafusion.optimizer.repartition_joins", "false")]);
+    let p = plan(&ctx, "select * from small join big on small.a = big.a").await;
+    assert!(text(&p).contains("mode=CollectLeft"), "{}", text(&p));
+    let g = JobGraph::try_new(p).unwrap();
+    let join_stage = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("HashJoinExec"))
+        .unwrap();
+    assert_eq!(join_stage.inputs[0].mode, InputMode::Broadcast);
+    assert_eq!(
+        g.replicas(join_stage.inputs[0].stage),
+        join_stage.partitions()
+    );
+}
+
+#[tokio::test]
+async fn left_collect_left_join_becomes_partitioned() {
+    let ctx = context(&[("datafusion.optimizer.repartition_joins", "false")]);
+    let p = plan(&ctx, "select * from small left join big on small.a = big.a").await;
+    assert!(text(&p).contains("mode=CollectLeft, join_type=Left"));
+    let g = JobGraph::try_new(p.clone()).unwrap();
+    let all: String = g.stages().iter().map(|s| text(&s.plan)).collect();
+    assert!(all.contains("mode=Partitioned, join_type=Left"), "{all}");
+    assert!(!all.contains("Broadcast"));
+    // Inner joins keep collect-left.
+    let inner = plan(&ctx, "select * from small join big on small.a = big.a").await;
+    let g = JobGraph::try_new(inner).unwrap();
+    let all: String = g.stages().iter().map(|s| text(&s.plan)).collect();
+    assert!(all.contains("mode=CollectLeft"), "{all}");
+}
+
+#[tokio::test]
+async fn null_aware_anti_join_keeps_collect_left_with_one_probe_partition() {
+    let ctx = context(&[]);
+    let p = plan(
+        &ctx,
+        "select * from big where a not in (select a from small)",
+    )
+    .await;
+    let t = text(&p);
+    if !t.contains("null_aware") {
+        return; // DataFusion planned it differently; nothing to check.
+    }
+    let g = JobGraph::try_new(p).unwrap();
+    let join = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("null_aware"))
+        .unwrap();
+    assert!(text(&join.plan).contains("mode=CollectLeft"));
+    assert_eq!(join.partitions(), 1, "{}", text(&join.plan));
+}
+
+#[tokio::test]
+async fn nested_loop_build_side_is_broadcast_and_replayable() {
+    let g = graph("select * from small, big where small.a < big.a").await;
+    let nlj = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("NestedLoopJoinExec"))
+        .unwrap();
+    assert_eq!(nlj.inputs[0].mode, InputMode::Broadcast);
+    assert!(text(&nlj.plan).contains("replay"), "{}", text(&nlj.plan));
+}
+
+#[tokio::test]
+async fn generated_series_run_on_the_driver_read_forward() {
+    let g = graph("select value * 2 from generate_series(1, 100)").await;
+    let driver = &g.stages()[0];
+    assert_eq!(driver.placement, TaskPlacement::Driver);
+    assert!(text(&driver.plan).contains("LazyMemoryExec"));
+    let (_, input) = g.consumers(StageId(0)).next().unwrap();
+    assert_eq!(input.mode, InputMode::Forward);
+}
+
+#[tokio::test]
+async fn recursive_queries_run_whole_on_the_driver() {
+    let g = graph(
+        "with recursive r(n) as (select 1 union all select n + 1 from r where n < 5) select * from r",
+    )
+    .await;
+    let driver = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("RecursiveQueryExec"))
+        .unwrap();
+    assert_eq!(driver.placement, TaskPlacement::Driver);
+    assert!(text(&driver.plan).contains("WorkTableExec"));
+    assert!(driver.inputs.is_empty());
+}
+
+#[tokio::test]
+async fn unshippable_nodes_are_rejected_with_the_setting_that_avoids_them() {
+    let ctx = context(&[("datafusion.optimizer.enable_window_topn", "true")]);
+    let p = plan(
+        &ctx,
+        "select * from (select a, b, row_number() over (partition by b order by a) as rn from big) where rn <= 2",
+    )
+    .await;
+    if !text(&p).contains("PartitionedTopKExec") {
+        panic!("expected a PartitionedTopKExec:\n{}", text(&p));
+    }
+    let error = JobGraph::try_new(p).unwrap_err().to_string();
+    assert!(error.contains("PartitionedTopKExec"), "{error}");
+    assert!(
+        error.contains("datafusion.optimizer.enable_window_topn = false"),
+        "{error}"
+    );
+}
+
+/// A custom node that declares itself unsupported through the extension point.
+#[derive(Debug)]
+struct Opaque(Arc<dyn ExecutionPlan>);
+
+impl datafusion::physical_plan::DisplayAs for Opaque {
+    fn fmt_as(
+        &self,
+        _t: datafusion::physical_plan::DisplayFormatType,
+        f: &mut std::fmt::Formatter,
+    ) -> std::fmt::Result {
+        write!(f, "Opaque")
+    }
+}
+
+impl ExecutionPlan for Opaque {
+    fn name(&self) -> &str {
+        "Opaque"
+    }
+    fn properties(&self) -> &Arc<datafusion::physical_plan::PlanProperties> {
+        self.0.properties()
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.0]
+    }
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+        ) -> datafusion::common::Result<
+            datafusion::common::tree_node::TreeNodeRecursion,
+        >,
+    ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Opaque(children.remove(0))))
+    }
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<datafusion::execution::TaskContext>,
+    ) -> datafusion::common::Result<datafusion::execution::SendableRecordBatchStream> {
+        self.0.execute(partition, context)
+    }
+}
+
+impl DistributedExec for Opaque {
+    fn distribution(&self) -> NodeDistribution {
+        NodeDistribution::Driver {
+            whole_subtree: false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn registered_extension_nodes_declare_their_distribution() {
+    let ctx = context(&[]);
+    let p: Arc<dyn ExecutionPlan> = Arc::new(Opaque(plan(&ctx, "select a from big").await));
+    // Unregistered: it runs inside a stage like any per-partition node.
+    let g = JobGraph::try_new(p.clone()).unwrap();
+    assert_eq!(g.stages().len(), 1);
+    // Registered as a driver node: its input becomes a worker stage read Forward.
+    let mut rules = DistributionRules::default();
+    rules.register::<Opaque>();
+    let options = JobGraphOptions {
+        rules,
+        ..JobGraphOptions::default()
+    };
+    let g = JobGraph::try_new_with(p, &options).unwrap();
+    assert_eq!(g.stages()[0].placement, TaskPlacement::Worker);
+    assert_eq!(g.stages()[1].placement, TaskPlacement::Driver);
+    assert_eq!(g.stages()[1].inputs[0].mode, InputMode::Forward);
+    assert_eq!(g.stages()[1].partitions(), 4);
+}
+
+fn stage(
+    inputs: Vec<StageInput>,
+    partitions: usize,
+    mode: OutputMode,
+    template: &Arc<dyn ExecutionPlan>,
+) -> Stage {
+    let properties = template.properties().as_ref().clone().with_partitioning(
+        datafusion::physical_expr::Partitioning::UnknownPartitioning(partitions),
+    );
+    Stage {
+        inputs,
+        plan: Arc::new(StageInputExec::new(0usize, Arc::new(properties))),
+        mode,
+        distribution: OutputDistribution::RoundRobin { channels: 1 },
+        placement: TaskPlacement::Worker,
+    }
+}
+
+fn input(stage: usize, mode: InputMode) -> StageInput {
+    StageInput {
+        stage: StageId(stage),
+        mode,
+    }
+}
+
+#[tokio::test]
+async fn forward_components_are_sliced_per_partition_and_blocking_outputs_end_components() {
+    let template = plan(&context(&[]), "select a from big").await;
+    let schema = template.schema();
+    let stages = vec![
+        stage(vec![], 2, OutputMode::Pipelined, &template),
+        stage(
+            vec![input(0, InputMode::Forward)],
+            2,
+            OutputMode::Blocking,
+            &template,
+        ),
+        stage(
+            vec![input(1, InputMode::Shuffle)],
+            3,
+            OutputMode::Pipelined,
+            &template,
+        ),
+        stage(
+            vec![input(2, InputMode::Merge)],
+            1,
+            OutputMode::Pipelined,
+            &template,
+        ),
+    ];
+    let g = JobGraph::from_stages(stages, schema).unwrap();
+    let t = JobTopology::try_new(&g).unwrap();
+    let regions = t.regions();
+    assert_eq!(regions.len(), 3, "{regions:?}");
+    // Stages 0 and 1 (Forward, equal partitions) are sliced into one region per partition.
+    let pairs = |r: usize| -> Vec<(usize, usize)> {
+        regions[r]
+            .tasks
+            .iter()
+            .map(|t| (t.stage.0, t.partition))
+            .collect()
+    };
+    assert_eq!(pairs(0), [(0, 0), (1, 0)]);
+    assert_eq!(pairs(1), [(0, 1), (1, 1)]);
+    // Stage 1 is Blocking: stages 2 and 3 form the next region, after both slices.
+    assert_eq!(pairs(2), [(2, 0), (2, 1), (2, 2), (3, 0)]);
+    let deps: Vec<usize> = regions[2].depends_on.iter().map(|r| r.0).collect();
+    assert_eq!(deps, [0, 1]);
+    assert!(regions[0].depends_on.is_empty());
+}
+
+#[tokio::test]
+async fn a_forward_consumer_of_a_blocking_producer_depends_on_the_same_partition_only() {
+    let template = plan(&context(&[]), "select a from big").await;
+    let stages = vec![
+        stage(vec![], 2, OutputMode::Blocking, &template),
+        stage(
+            vec![input(0, InputMode::Forward)],
+            2,
+            OutputMode::Pipelined,
+            &template,
+        ),
+    ];
+    let g = JobGraph::from_stages(stages, template.schema()).unwrap();
+    let t = JobTopology::try_new(&g).unwrap();
+    // Single-stage components slice per partition too: region p of stage 1 waits for region p of 0.
+    assert_eq!(t.regions().len(), 4);
+    for p in 0..2 {
+        let consumer = &t.regions()[2 + p];
+        assert_eq!(consumer.tasks.len(), 1);
+        assert_eq!(
+            (consumer.tasks[0].stage.0, consumer.tasks[0].partition),
+            (1, p)
+        );
+        assert_eq!(
+            consumer.depends_on.iter().map(|r| r.0).collect::<Vec<_>>(),
+            [p]
+        );
+    }
+}
+
+#[tokio::test]
+async fn graphs_with_bad_stage_order_are_refused() {
+    let template = plan(&context(&[]), "select a from big").await;
+    let stages = vec![stage(
+        vec![input(0, InputMode::Forward)],
+        2,
+        OutputMode::Pipelined,
+        &template,
+    )];
+    assert!(JobGraph::from_stages(stages, template.schema()).is_err());
+}

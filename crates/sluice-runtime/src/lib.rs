@@ -1,0 +1,22 @@
+//! Sluice's job runtime: everything that runs a job graph's tasks.
+//!
+//! ```text
+//!   JobGraph + JobTopology ──► executor (driver loop: regions in dependency order)
+//!                                 │ per task
+//!                                 ▼
+//!        task::prepare_task: stage plan + ShuffleReaderExec leaves + ShuffleWriterExec root
+//!                                 │ writes / reads
+//!                                 ▼
+//!                         stream_store: channels × replicas per task, bounded memory, spill
+//! ```
+//!
+//! This crate is the in-process path: the distributed runtime reuses task preparation, the writer and
+//! reader nodes and the stream store, and adds RPC and Arrow Flight around them.
+
+pub mod executor;
+pub mod plan;
+pub mod stream_store;
+pub mod task;
+
+pub use executor::execute_graph;
+pub use stream_store::{JobId, StreamStore, TaskStreamKey};
