@@ -10,6 +10,11 @@ mod output;
 mod progress;
 mod shell;
 
+/// mimalloc keeps freed batch buffers for reuse; glibc's allocator hands large ones back to the OS and
+/// faults them in again, which dominates shuffle-heavy work on a VM (see BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -27,6 +27,11 @@ use sluice_shuffle::{
     ChannelCoalescers, KernelOptions, RoutingScheme, ShuffleKernel, ShuffleMetrics,
 };
 
+/// Both sides allocate through mimalloc, as the `sluice` binary does: glibc's allocator returns freed
+/// batch buffers to the OS and faults them back in, which on this VM costs more than the routing itself.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ROWS: usize = 8192;
 const BATCHES: usize = 16;
 

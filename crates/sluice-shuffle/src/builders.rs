@@ -193,9 +193,70 @@ impl ChannelBuilders {
         })
     }
 
+    /// Appends the rows of every channel of one routed batch: `indices[offset..offset + len]` go to
+    /// `channel` for each `(channel, offset, len)` in `ranges`.
+    ///
+    /// Ranges that fit in their channel's current batch are gathered column by column (one source
+    /// column stays in cache while every channel takes its rows from it); a range that completes a
+    /// batch, or any range under a row limit, goes through [`Self::gather`].
+    pub fn gather_grouped(
+        &mut self,
+        batch: &RecordBatch,
+        indices: &[u32],
+        ranges: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        let time = self.time.clone();
+        let _timer = time.timer();
+        let mut fitting = Vec::with_capacity(ranges.len());
+        let mut overflowing = Vec::new();
+        for &(channel, offset, len) in ranges {
+            if channel >= self.channels.len() {
+                return Err(DataFusionError::Internal(format!(
+                    "channel {channel} out of range"
+                )));
+            }
+            if self.channels[channel].is_none() {
+                self.channels[channel] = Some(self.new_channel()?);
+            }
+            let fits = self.limit.is_none()
+                && self.channels[channel]
+                    .as_ref()
+                    .is_some_and(|state| state.rows + len < self.target_rows);
+            if fits {
+                fitting.push((channel, offset, len));
+            } else {
+                overflowing.push((channel, offset, len));
+            }
+        }
+        for (column_index, column) in batch.columns().iter().enumerate() {
+            for &(channel, offset, len) in &fitting {
+                if let Some(state) = self.channels[channel].as_mut()
+                    && let Some(builder) = state.columns.get_mut(column_index)
+                {
+                    builder.gather(column.as_ref(), &indices[offset..offset + len])?;
+                }
+            }
+        }
+        for &(channel, _, len) in &fitting {
+            if let Some(state) = self.channels[channel].as_mut() {
+                state.rows += len;
+                state.accepted += len;
+            }
+        }
+        for (channel, offset, len) in overflowing {
+            self.gather_untimed(channel, batch, &indices[offset..offset + len])?;
+        }
+        Ok(())
+    }
+
     /// Appends the input rows `rows` (row numbers of `batch`) to `channel`.
     pub fn gather(&mut self, channel: usize, batch: &RecordBatch, rows: &[u32]) -> Result<()> {
-        let _timer = self.time.timer();
+        let time = self.time.clone();
+        let _timer = time.timer();
+        self.gather_untimed(channel, batch, rows)
+    }
+
+    fn gather_untimed(&mut self, channel: usize, batch: &RecordBatch, rows: &[u32]) -> Result<()> {
         if channel >= self.channels.len() {
             return Err(DataFusionError::Internal(format!(
                 "channel {channel} out of range"
@@ -320,6 +381,51 @@ mod tests {
 
     fn take(batch: &RecordBatch, rows: Vec<u32>) -> RecordBatch {
         arrow::compute::take_record_batch(batch, &arrow::array::UInt32Array::from(rows)).unwrap()
+    }
+
+    #[test]
+    fn grouped_gathering_equals_gathering_channel_by_channel() {
+        let batch = input();
+        // Channel 0 gets rows 0, 3; channel 1 rows 4, 1, 2; channel 2 row 1 (target 2: cuts happen
+        // inside ranges and at range ends, across two pushes).
+        let indices = [0u32, 3, 4, 1, 2, 1];
+        let ranges = [(0, 0, 2), (1, 2, 3), (2, 5, 1)];
+        let run = |grouped: bool| {
+            let mut builders = ChannelBuilders::try_new(schema(), 3, 2, None, Time::new()).unwrap();
+            for _ in 0..2 {
+                if grouped {
+                    builders.gather_grouped(&batch, &indices, &ranges).unwrap();
+                } else {
+                    for &(channel, offset, len) in &ranges {
+                        builders
+                            .gather(channel, &batch, &indices[offset..offset + len])
+                            .unwrap();
+                    }
+                }
+            }
+            builders.finish().unwrap();
+            let mut out: Vec<(usize, RecordBatch)> =
+                std::iter::from_fn(|| builders.next_completed()).collect();
+            out.sort_by_key(|(channel, _)| *channel);
+            out
+        };
+        let by_channel = |out: &[(usize, RecordBatch)], channel: usize| -> Vec<RecordBatch> {
+            out.iter()
+                .filter(|(c, _)| *c == channel)
+                .map(|(_, b)| b.clone())
+                .collect()
+        };
+        let (grouped, plain) = (run(true), run(false));
+        for channel in 0..3 {
+            assert_eq!(by_channel(&grouped, channel), by_channel(&plain, channel));
+        }
+        assert_eq!(
+            by_channel(&grouped, 1)
+                .iter()
+                .map(RecordBatch::num_rows)
+                .collect::<Vec<_>>(),
+            [2, 2, 2]
+        );
     }
 
     #[test]

@@ -113,10 +113,7 @@ impl ShuffleKernel {
                     builders.gather(channel, batch, &self.identity[..batch.num_rows()])
                 }
                 Assignment::Grouped { indices, ranges } => {
-                    for &(channel, offset, len) in ranges {
-                        builders.gather(channel, batch, &indices[offset..offset + len])?;
-                    }
-                    Ok(())
+                    builders.gather_grouped(batch, indices, ranges)
                 }
             },
             Collector::Coalescers(coalescers) => {
