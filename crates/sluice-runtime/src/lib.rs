@@ -11,10 +11,13 @@
 //! ```
 //!
 //! This crate is the in-process path: the distributed runtime reuses task preparation, the writer and
-//! reader nodes and the stream store, and adds RPC and Arrow Flight around them.
+//! reader nodes and the stream store, and adds RPC and Arrow Flight around them. `scheduler` is the
+//! driver's pure state machine (events in, actions out) that the cluster runtime's driver actor will
+//! wrap.
 
 pub mod executor;
 pub mod plan;
+pub mod scheduler;
 pub mod stream_store;
 pub mod task;
 
