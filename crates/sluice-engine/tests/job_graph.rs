@@ -132,6 +132,32 @@ async fn all_tpch_queries_match_local_mode() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_tpch_queries_match_local_mode_when_tasks_run_from_the_wire_form() {
+    let local = session(ExecutionMode::Local, &[]).await;
+    let graph = session(ExecutionMode::LocalGraph, &[]).await;
+    let options = sluice_runtime::ExecutorOptions {
+        decode_from_wire: true,
+        ..Default::default()
+    };
+    for number in 1..=22u8 {
+        let query = tpch_query(number, 0.01).unwrap();
+        let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+        for (index, sql) in query.statements.iter().enumerate() {
+            if index != query.result_statement {
+                graph.run_sql(sql).await.unwrap();
+                continue;
+            }
+            let plan = physical_plan(&graph, sql).await;
+            let job = JobGraph::try_new(plan).unwrap();
+            let stream =
+                sluice_runtime::execute_graph_with(job, graph.context().task_ctx(), options);
+            let actual = format_rows(&collect_stream(stream).await.unwrap().batches).unwrap();
+            assert_eq!(actual, expected, "q{number}");
+        }
+    }
+}
+
 /// `repartition_joins = false` makes DataFusion plan every hash join collect-left.
 const COLLECT_LEFT: &[(&str, &str)] = &[("datafusion.optimizer.repartition_joins", "false")];
 

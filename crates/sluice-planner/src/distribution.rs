@@ -11,6 +11,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{
@@ -121,6 +122,7 @@ impl Default for DistributionRules {
             .register::<PartialSortExec>()
             .register::<PartitionedTopKExec>()
             .register::<PiecewiseMergeJoinExec>()
+            .register::<DataSinkExec>()
             .register::<RescaleExec>();
         rules
     }
@@ -262,6 +264,16 @@ impl DistributedExec for LazyMemoryExec {
 
 impl DistributedExec for PartialSortExec {
     /// No wire form: it runs on the driver over its input read from workers.
+    fn distribution(&self) -> NodeDistribution {
+        NodeDistribution::Driver {
+            whole_subtree: false,
+        }
+    }
+}
+
+impl DistributedExec for DataSinkExec {
+    /// Writes into the driver's catalog (in-memory tables, files): runs on the driver over its input
+    /// read from workers.
     fn distribution(&self) -> NodeDistribution {
         NodeDistribution::Driver {
             whole_subtree: false,

@@ -9,6 +9,10 @@
 //!      └─ output: the final stage's streams, interleaved, forwarded to the caller as they arrive
 //! ```
 //!
+//! Worker-placed stage plans are encoded once with the wire codec, so a plan that cannot travel to a
+//! worker fails the job before any task starts; with `decode_from_wire` every task also runs from its
+//! own decoded instance, as a remote worker will.
+//!
 //! Invariants: nothing runs before the output stream is first polled; dropping the stream aborts the
 //! driver loop and every task (all are owned by `JoinSet`s); the first task failure fails the job with
 //! an error naming the stage and partition; the stream ends only after every task finished, so a
@@ -22,23 +26,68 @@ use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
 use futures::{StreamExt, TryStreamExt, stream};
-use sluice_planner::{InputKey, JobGraph, JobTopology, StageId, TaskId};
+use sluice_planner::{InputKey, JobGraph, JobTopology, StageId, TaskId, TaskPlacement};
+
+use crate::codec::{decode_stage_plan, encode_stage_plan};
 
 use crate::stream_store::{JobId, StreamStore};
 use crate::task::prepare_task;
 
 static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
 
+/// How the in-process executor runs tasks.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecutorOptions {
+    /// Encode every worker stage at job start and fail the job if one cannot travel to a worker (on
+    /// by default; off only for in-process-only plans such as tests' synthetic sources).
+    pub require_wire_form: bool,
+    /// Run each worker task from its decoded wire form instead of the in-memory stage plan. Every
+    /// worker stage is encoded either way (a plan that cannot travel fails the job up front); decoding
+    /// too proves the round trip, but datafusion-proto 55 does not round-trip every plan exactly (a
+    /// `Float16` literal comes back as `Float32`), so `local-graph` leaves it off.
+    pub decode_from_wire: bool,
+}
+
+impl Default for ExecutorOptions {
+    fn default() -> Self {
+        Self {
+            require_wire_form: true,
+            decode_from_wire: false,
+        }
+    }
+}
+
 /// Runs `graph` in this process; the returned stream is lazy and cancels the job when dropped.
 pub fn execute_graph(graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
+    execute_graph_with(graph, context, ExecutorOptions::default())
+}
+
+/// [`execute_graph`] with options.
+pub fn execute_graph_with(
+    graph: JobGraph,
+    context: Arc<TaskContext>,
+    options: ExecutorOptions,
+) -> SendableRecordBatchStream {
     let schema = graph.schema().clone();
-    let start = stream::once(async move { start_job(graph, context) }).try_flatten();
+    let start = stream::once(async move { start_job(graph, context, options) }).try_flatten();
     Box::pin(RecordBatchStreamAdapter::new(schema, start))
 }
 
-fn start_job(graph: JobGraph, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+fn start_job(
+    graph: JobGraph,
+    context: Arc<TaskContext>,
+    options: ExecutorOptions,
+) -> Result<SendableRecordBatchStream> {
     let job = JobId(NEXT_JOB.fetch_add(1, Ordering::Relaxed));
     let topology = JobTopology::try_new(&graph)?;
+    let mut wire = if options.require_wire_form || options.decode_from_wire {
+        encode_worker_stages(&graph)?
+    } else {
+        Vec::new()
+    };
+    if !options.decode_from_wire {
+        wire.iter_mut().for_each(|w| *w = None);
+    }
     let store = Arc::new(StreamStore::for_graph(job, &graph, &context.runtime_env()));
     let final_stage = graph.final_stage();
     let final_partitions = graph
@@ -66,17 +115,54 @@ fn start_job(graph: JobGraph, context: Arc<TaskContext>) -> Result<SendableRecor
         }
         Ok(())
     });
-    builder.spawn(run_regions(job, Arc::new(graph), topology, store, context));
+    let stages = Arc::new(JobStages { graph, wire });
+    builder.spawn(run_regions(job, stages, topology, store, context));
     Ok(builder.build())
 }
 
+/// A job's graph with each worker stage's plan encoded once, as it travels to workers (kept only when
+/// tasks decode from it).
+struct JobStages {
+    graph: JobGraph,
+    wire: Vec<Option<bytes::Bytes>>,
+}
+
+/// Encodes every worker-placed stage plan; a node without a wire form fails the job here, before any
+/// task runs, naming the stage.
+fn encode_worker_stages(graph: &JobGraph) -> Result<Vec<Option<bytes::Bytes>>> {
+    graph
+        .stages()
+        .iter()
+        .enumerate()
+        .map(|(id, stage)| match stage.placement {
+            TaskPlacement::Driver => Ok(None),
+            TaskPlacement::Worker => encode_stage_plan(Arc::clone(&stage.plan))
+                .map(Some)
+                .map_err(|e| {
+                    DataFusionError::Plan(format!(
+                        "stage {id} cannot be sent to workers: {e}; run it with --mode local"
+                    ))
+                }),
+        })
+        .collect()
+}
+
 async fn run_task(
-    graph: Arc<JobGraph>,
+    stages: Arc<JobStages>,
     task: TaskId,
     store: Arc<StreamStore>,
     context: Arc<TaskContext>,
 ) -> Result<()> {
-    let plan = prepare_task(&graph, task.stage, task.partition, &store)?;
+    let graph = &stages.graph;
+    // Worker stages run from their wire form, exactly as a remote worker decodes them.
+    let stage_plan = match stages.wire.get(task.stage.0) {
+        Some(Some(bytes)) => decode_stage_plan(bytes, &context)?,
+        _ => graph
+            .stage(task.stage)
+            .map(|s| Arc::clone(&s.plan))
+            .ok_or_else(|| DataFusionError::Internal(format!("no stage {}", task.stage)))?,
+    };
+    let plan = prepare_task(graph, task.stage, stage_plan, task.partition, &store)?;
     let mut stream = plan.execute(task.partition, context)?;
     while let Some(batch) = stream.next().await {
         batch?;
@@ -87,11 +173,12 @@ async fn run_task(
 /// The driver loop: schedules regions in dependency order and waits for their tasks.
 async fn run_regions(
     job: JobId,
-    graph: Arc<JobGraph>,
+    stages: Arc<JobStages>,
     topology: JobTopology,
     store: Arc<StreamStore>,
     context: Arc<TaskContext>,
 ) -> Result<()> {
+    let graph = &stages.graph;
     let regions = topology.regions();
     let mut started = vec![false; regions.len()];
     let mut remaining: Vec<usize> = regions.iter().map(|r| r.tasks.len()).collect();
@@ -105,10 +192,10 @@ async fn run_regions(
             }
             started[id] = true;
             for task in &region.tasks {
-                let (graph, store, context, task) =
-                    (graph.clone(), store.clone(), context.clone(), *task);
+                let (stages, store, context, task) =
+                    (stages.clone(), store.clone(), context.clone(), *task);
                 tasks.spawn(async move {
-                    let result = run_task(graph, task, store, context).await;
+                    let result = run_task(stages, task, store, context).await;
                     (id, task, result)
                 });
             }
@@ -131,7 +218,7 @@ async fn run_regions(
         remaining[region] -= 1;
         stage_remaining[task.stage.0] -= 1;
         if stage_remaining[task.stage.0] == 0 {
-            release_inputs(&graph, &store, task.stage)?;
+            release_inputs(graph, &store, task.stage)?;
         }
     }
 }

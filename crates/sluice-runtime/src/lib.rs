@@ -15,11 +15,12 @@
 //! driver's pure state machine (events in, actions out) that the cluster runtime's driver actor will
 //! wrap.
 
+pub mod codec;
 pub mod executor;
 pub mod plan;
 pub mod scheduler;
 pub mod stream_store;
 pub mod task;
 
-pub use executor::execute_graph;
+pub use executor::{ExecutorOptions, execute_graph, execute_graph_with};
 pub use stream_store::{JobId, StreamStore, TaskStreamKey};

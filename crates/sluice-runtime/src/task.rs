@@ -25,18 +25,19 @@ use crate::plan::shuffle_reader::ShuffleReaderExec;
 use crate::plan::shuffle_writer::ShuffleWriterExec;
 use crate::stream_store::StreamStore;
 
-/// The plan task (`stage`, `partition`) executes: the stage plan with readers for its inputs and a
-/// writer at the root. Execute it at `partition`.
+/// The plan task (`stage`, `partition`) executes: `stage_plan` (the stage's plan, as decoded from the
+/// wire) with readers for its inputs and a writer at the root. Execute it at `partition`.
 pub fn prepare_task(
     graph: &JobGraph,
     stage_id: StageId,
+    stage_plan: Arc<dyn ExecutionPlan>,
     partition: usize,
     store: &Arc<StreamStore>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let stage = graph
         .stage(stage_id)
         .ok_or_else(|| DataFusionError::Internal(format!("the job has no stage {stage_id}")))?;
-    let plan = Arc::clone(&stage.plan)
+    let plan = stage_plan
         .transform_up(|node| {
             let Some(placeholder) = node.downcast_ref::<StageInputExec<usize>>() else {
                 return Ok(Transformed::no(node));

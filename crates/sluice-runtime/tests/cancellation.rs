@@ -23,6 +23,13 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 use sluice_planner::JobGraph;
+use sluice_runtime::ExecutorOptions;
+
+/// `EndlessExec` has no wire form; these tests exercise the in-process path only.
+const IN_PROCESS_ONLY: ExecutorOptions = ExecutorOptions {
+    require_wire_form: false,
+    decode_from_wire: false,
+};
 
 /// Counts its live output streams.
 struct Live(Arc<AtomicUsize>);
@@ -127,7 +134,11 @@ async fn dropping_the_job_output_stops_every_task() {
     let live = Arc::new(AtomicUsize::new(0));
     let graph = JobGraph::try_new(hash_shuffled(&live)).unwrap();
     assert_eq!(graph.stages().len(), 2);
-    let mut output = sluice_runtime::execute_graph(graph, Arc::new(TaskContext::default()));
+    let mut output = sluice_runtime::execute_graph_with(
+        graph,
+        Arc::new(TaskContext::default()),
+        IN_PROCESS_ONLY,
+    );
     assert_eq!(
         live.load(Ordering::SeqCst),
         0,
@@ -147,7 +158,11 @@ async fn a_satisfied_limit_stops_its_producers_and_the_job_ends() {
     let coalesced = Arc::new(CoalescePartitionsExec::new(hash_shuffled(&live)));
     let limit = Arc::new(GlobalLimitExec::new(coalesced, 10, Some(100)));
     let graph = JobGraph::try_new(limit).unwrap();
-    let output = sluice_runtime::execute_graph(graph, Arc::new(TaskContext::default()));
+    let output = sluice_runtime::execute_graph_with(
+        graph,
+        Arc::new(TaskContext::default()),
+        IN_PROCESS_ONLY,
+    );
     let rows: usize = tokio::time::timeout(Duration::from_secs(10), output.collect::<Vec<_>>())
         .await
         .expect("the job did not end after its limit was reached")
