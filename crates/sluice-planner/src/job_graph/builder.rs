@@ -156,16 +156,7 @@ impl Builder<'_> {
         if child.is::<StageInputExec<StageInput>>() {
             return Ok(child);
         }
-        let stage = self.push_stage(
-            Arc::clone(&child),
-            TaskPlacement::Worker,
-            OutputDistribution::RoundRobin { channels: 1 },
-            self.options.exchange_mode,
-        )?;
-        let input = StageInput {
-            stage,
-            mode: InputMode::Forward,
-        };
+        let input = self.push_single_channel_stage(Arc::clone(&child), InputMode::Forward)?;
         Ok(placeholder(input, &child))
     }
 
@@ -176,13 +167,14 @@ impl Builder<'_> {
         usage: ChildUsage,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = self.split(single_child(&plan)?, ChildUsage::Once)?;
-        let mode = self.options.exchange_mode;
         match boundary {
             Boundary::Exchange {
                 distribution,
                 fetch,
             } => {
-                let stage = self.push_stage(child, TaskPlacement::Worker, distribution, mode)?;
+                let exchange_mode = self.options.exchange_mode;
+                let stage =
+                    self.push_stage(child, TaskPlacement::Worker, distribution, exchange_mode)?;
                 let mode = match usage {
                     ChildUsage::Once => InputMode::Shuffle,
                     _ => InputMode::Broadcast,
@@ -194,16 +186,7 @@ impl Builder<'_> {
                 })
             }
             Boundary::Merge => {
-                let stage = self.push_stage(
-                    Arc::clone(&child),
-                    TaskPlacement::Worker,
-                    OutputDistribution::RoundRobin { channels: 1 },
-                    mode,
-                )?;
-                let input = StageInput {
-                    stage,
-                    mode: InputMode::Merge,
-                };
+                let input = self.push_single_channel_stage(Arc::clone(&child), InputMode::Merge)?;
                 replace_children_if_necessary(plan, vec![placeholder(input, &child)])
             }
             Boundary::Rescale => {
@@ -213,19 +196,25 @@ impl Builder<'_> {
                         plan.name()
                     );
                 }
-                let stage = self.push_stage(
-                    child,
-                    TaskPlacement::Worker,
-                    OutputDistribution::RoundRobin { channels: 1 },
-                    mode,
-                )?;
-                let input = StageInput {
-                    stage,
-                    mode: InputMode::Rescale,
-                };
+                let input = self.push_single_channel_stage(child, InputMode::Rescale)?;
                 Ok(placeholder(input, &plan))
             }
         }
+    }
+
+    /// Appends a worker stage writing one channel per task, to be read in `mode`.
+    fn push_single_channel_stage(
+        &mut self,
+        plan: Arc<dyn ExecutionPlan>,
+        mode: InputMode,
+    ) -> Result<StageInput> {
+        let stage = self.push_stage(
+            plan,
+            TaskPlacement::Worker,
+            OutputDistribution::RoundRobin { channels: 1 },
+            self.options.exchange_mode,
+        )?;
+        Ok(StageInput { stage, mode })
     }
 
     /// Numbers the stage's placeholders by input index and appends it; returns its id.
