@@ -41,29 +41,12 @@ impl ExecutionMode {
         }
     }
 
-    /// DataFusion settings this mode needs for correct results, applied over every layer:
-    /// - each task runs its own plan instance, so a scan must not steal files from its siblings'
-    ///   partitions (they are read by other tasks);
-    /// - a partitioned hash join's dynamic filter waits for every partition of its instance, which
-    ///   run in other tasks;
-    /// - a physical scalar subquery's value cannot cross a stage boundary.
+    /// DataFusion settings this mode needs for correct results, applied over every layer: a job-graph
+    /// mode needs [`sluice_planner::DISTRIBUTED_SETTINGS`].
     pub fn required_settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
             ExecutionMode::Local => &[],
-            ExecutionMode::LocalGraph => &[
-                (
-                    "datafusion.execution.enable_file_stream_work_stealing",
-                    "false",
-                ),
-                (
-                    "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
-                    "false",
-                ),
-                (
-                    "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
-                    "false",
-                ),
-            ],
+            ExecutionMode::LocalGraph => sluice_planner::DISTRIBUTED_SETTINGS,
         }
     }
 }

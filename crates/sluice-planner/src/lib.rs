@@ -23,8 +23,8 @@ pub use distribution::{
 };
 pub use job_graph::input_keys::{InputKey, task_input_keys};
 pub use job_graph::{
-    InputMode, JobGraph, JobGraphOptions, OutputDistribution, OutputMode, Stage, StageId,
-    StageInput, TaskPlacement,
+    DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions, OutputDistribution, OutputMode,
+    Stage, StageId, StageInput, TaskPlacement,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;

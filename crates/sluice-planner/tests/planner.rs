@@ -11,29 +11,14 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displaya
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::distribution::{DistributedExec, NodeDistribution};
 use sluice_planner::{
-    DistributionRules, InputMode, JobGraph, JobGraphOptions, JobTopology, OutputDistribution,
-    OutputMode, RescaleExec, Stage, StageId, StageInput, StageInputExec, TaskPlacement,
+    DISTRIBUTED_SETTINGS, DistributionRules, InputMode, JobGraph, JobGraphOptions, JobTopology,
+    OutputDistribution, OutputMode, RescaleExec, Stage, StageId, StageInput, StageInputExec,
+    TaskPlacement,
 };
 
 fn context(settings: &[(&str, &str)]) -> SessionContext {
     let mut config = SessionConfig::new().with_target_partitions(4);
-    for (key, value) in [
-        (
-            "datafusion.execution.enable_file_stream_work_stealing",
-            "false",
-        ),
-        (
-            "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
-            "false",
-        ),
-        (
-            "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
-            "false",
-        ),
-    ]
-    .iter()
-    .chain(settings)
-    {
+    for (key, value) in DISTRIBUTED_SETTINGS.iter().chain(settings) {
         config.options_mut().set(key, value).unwrap();
     }
     let ctx = SessionContext::new_with_config(config);

@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, internal_err, plan_err};
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::limit::GlobalLimitExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
+use super::rewrites::coalesce;
 use super::{
     InputMode, JobGraphOptions, OutputDistribution, OutputMode, Stage, StageId, StageInput,
     TaskPlacement,
@@ -129,11 +129,7 @@ impl Builder<'_> {
                 // A shared read needs one partition that every consumer partition can read.
                 let (node, mode) = match usage {
                     ChildUsage::Once => (node, InputMode::Forward),
-                    _ if node.output_partitioning().partition_count() > 1 => (
-                        Arc::new(CoalescePartitionsExec::new(node)) as _,
-                        InputMode::Broadcast,
-                    ),
-                    _ => (node, InputMode::Broadcast),
+                    _ => (coalesce(node), InputMode::Broadcast),
                 };
                 let stage = self.push_stage(
                     Arc::clone(&node),

@@ -36,6 +36,27 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::distribution::DistributionRules;
 
+/// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
+/// stages run as separate tasks, each with its own plan instance:
+/// - a scan must not steal files from its sibling partitions (other tasks read them);
+/// - a partitioned hash join's dynamic filter waits for every partition of its instance, which run in
+///   other tasks;
+/// - a physical scalar subquery's value cannot cross a stage boundary.
+pub const DISTRIBUTED_SETTINGS: &[(&str, &str)] = &[
+    (
+        "datafusion.execution.enable_file_stream_work_stealing",
+        "false",
+    ),
+    (
+        "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+        "false",
+    ),
+    (
+        "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
+        "false",
+    ),
+];
+
 /// A stage's index in its job graph (also its position in topological order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StageId(pub usize);

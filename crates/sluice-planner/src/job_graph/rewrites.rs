@@ -58,7 +58,8 @@ fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
     plan.output_partitioning().partition_count()
 }
 
-fn coalesce(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+/// `plan` read as one partition: itself if it has one, else under a `CoalescePartitionsExec`.
+pub(crate) fn coalesce(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     if partitions(&plan) <= 1 {
         plan
     } else {

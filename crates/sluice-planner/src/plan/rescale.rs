@@ -18,13 +18,14 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err, plan_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::execution_plan::ReplaceChildrenOptions;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::stream::{self, StreamExt};
 
+use super::{RECOMPUTE, only_child};
 use crate::distribution::{Boundary, DistributedExec, NodeDistribution};
 
 /// The contiguous input partitions that output partition `output` of `outputs` reads, out of `inputs`.
@@ -102,21 +103,18 @@ impl ExecutionPlan for RescaleExec {
 
     fn replace_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match (children.pop(), children.is_empty()) {
-            (Some(input), true) => Ok(Arc::new(Self::try_new(input, self.partitions)?)),
-            _ => internal_err!("RescaleExec takes exactly one child"),
-        }
+        let input = only_child(self.name(), children)?;
+        Ok(Arc::new(Self::try_new(input, self.partitions)?))
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
-        self.replace_children(children, options)
+        self.replace_children(children, RECOMPUTE)
     }
 
     fn execute(

@@ -15,9 +15,10 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::execution_plan::ReplaceChildrenOptions;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
+use super::{RECOMPUTE, no_children};
 use crate::job_graph::StageInput;
 
 /// What a placeholder refers to: a [`StageInput`] while building, an input index afterwards.
@@ -111,9 +112,7 @@ impl<I: StageInputRef> ExecutionPlan for StageInputExec<I> {
         children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return internal_err!("StageInputExec is a leaf and takes no children");
-        }
+        no_children(self.name(), &children)?;
         Ok(self)
     }
 
@@ -121,10 +120,7 @@ impl<I: StageInputRef> ExecutionPlan for StageInputExec<I> {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
+        self.replace_children(children, RECOMPUTE)
     }
 
     fn execute(

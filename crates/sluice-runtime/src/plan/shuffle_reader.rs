@@ -30,6 +30,7 @@ use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::sorts::streaming_merge::StreamingMergeBuilder;
 use futures::{StreamExt, stream};
+use sluice_planner::plan::{RECOMPUTE, no_children};
 use sluice_planner::{InputKey, InputMode, StageId};
 
 use crate::stream_store::StreamStore;
@@ -232,9 +233,7 @@ impl ExecutionPlan for ShuffleReaderExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return internal_err!("ShuffleReaderExec is a leaf and takes no children");
-        }
+        no_children(self.name(), &children)?;
         Ok(self)
     }
 
@@ -242,10 +241,7 @@ impl ExecutionPlan for ShuffleReaderExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let options = ReplaceChildrenOptions::new(
-            datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute,
-        );
-        self.replace_children(children, options)
+        self.replace_children(children, RECOMPUTE)
     }
 
     fn execute(

@@ -15,8 +15,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::ReplaceChildrenOptions;
@@ -26,6 +26,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::{StreamExt, TryStreamExt, stream};
+use sluice_planner::plan::{RECOMPUTE, only_child};
 use sluice_planner::{OutputDistribution, StageId};
 use sluice_shuffle::{KernelOptions, RoutingScheme, ShuffleKernel, ShuffleMetrics};
 
@@ -122,28 +123,22 @@ impl ExecutionPlan for ShuffleWriterExec {
 
     fn replace_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match (children.pop(), children.is_empty()) {
-            (Some(input), true) => Ok(Arc::new(Self::new(
-                input,
-                self.stage,
-                self.distribution.clone(),
-                self.store.clone(),
-            ))),
-            _ => internal_err!("ShuffleWriterExec takes exactly one child"),
-        }
+        Ok(Arc::new(Self::new(
+            only_child(self.name(), children)?,
+            self.stage,
+            self.distribution.clone(),
+            self.store.clone(),
+        )))
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let options = ReplaceChildrenOptions::new(
-            datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute,
-        );
-        self.replace_children(children, options)
+        self.replace_children(children, RECOMPUTE)
     }
 
     fn execute(
