@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use sluice_engine::config::FlightCompression;
 use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
@@ -37,12 +38,19 @@ struct Cli {
 /// Flags every command accepts; they override the config file and the environment.
 #[derive(Debug, Args)]
 struct GlobalArgs {
-    /// TOML configuration file (keys: mode, memory_limit, [session]).
+    /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, [session]).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Execution mode: local (in-process DataFusion, the default).
+    /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
+    /// this process), local-cluster (a driver and workers over gRPC and Arrow Flight on loopback).
     #[arg(long, global = true, value_name = "MODE")]
     mode: Option<ExecutionMode>,
+    /// Workers of a local cluster (default 4).
+    #[arg(long, global = true, value_name = "N", value_parser = parse_workers_flag)]
+    workers: Option<usize>,
+    /// Arrow IPC compression between workers: none (default), lz4 or zstd.
+    #[arg(long, global = true, value_name = "CODEC")]
+    flight_compression: Option<FlightCompression>,
     /// Memory budget for query execution, e.g. 4G, or 'unlimited'.
     #[arg(long, global = true, value_name = "SIZE")]
     memory_limit: Option<String>,
@@ -95,11 +103,17 @@ impl GlobalArgs {
         let flags = ConfigLayer {
             mode: self.mode,
             memory_limit,
+            workers: self.workers,
+            flight_compression: self.flight_compression,
             session,
         };
         config.apply(flags, "command line")?;
         Ok(config)
     }
+}
+
+fn parse_workers_flag(text: &str) -> Result<usize, String> {
+    sluice_engine::config::parse_workers(text)
 }
 
 /// Exit code for a query stopped by Ctrl-C (128 + SIGINT), as shells expect.

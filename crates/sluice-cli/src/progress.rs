@@ -1,9 +1,12 @@
 //! Progress display on stderr, shown only when stderr is a terminal so that logs and pipes stay clean.
 
+use std::future::Future;
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_engine::runner::JobRunner;
 
 /// A bar over `len` steps, hidden when stderr is not a terminal.
 pub fn bar(len: u64, unit: &str) -> ProgressBar {
@@ -18,4 +21,41 @@ pub fn bar(len: u64, unit: &str) -> ProgressBar {
     }
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
+}
+
+/// Runs `work` while `show` receives the runner's live job progress line every 250 ms (only on a
+/// terminal, and only for modes that report progress). Nothing is spawned: the ticks are polled
+/// alongside `work`, and dropping the future stops both.
+pub async fn with_job_progress<F: Future>(
+    runner: &Arc<dyn JobRunner>,
+    show: &dyn Fn(&str),
+    work: F,
+) -> F::Output {
+    if !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let mut work = std::pin::pin!(work);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            output = &mut work => return output,
+            _ = tick.tick() => {
+                if let Some(line) = runner.progress_line().await {
+                    show(&line);
+                }
+            }
+        }
+    }
+}
+
+/// A spinner line for a single query's job progress, hidden when stderr is not a terminal.
+pub fn job_line() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let line = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}") {
+        line.set_style(style);
+    }
+    line
 }

@@ -23,8 +23,13 @@ fn shared_slt_files() -> Vec<PathBuf> {
 }
 
 fn run_slt(mode: &str) {
+    run_slt_with(mode, &[]);
+}
+
+fn run_slt_with(mode: &str, flags: &[&str]) {
     let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["slt", "--mode", mode])
+        .args(flags)
         .args(shared_slt_files())
         .output()
         .unwrap();
@@ -46,6 +51,16 @@ fn shared_slt_files_pass_in_local_mode() {
 #[test]
 fn shared_slt_files_pass_in_local_graph_mode() {
     run_slt("local-graph");
+}
+
+#[test]
+fn shared_slt_files_pass_on_a_local_cluster_of_2_workers() {
+    run_slt_with("local-cluster", &["--workers", "2"]);
+}
+
+#[test]
+fn shared_slt_files_pass_on_a_local_cluster_of_4_workers() {
+    run_slt_with("local-cluster", &["--workers", "4"]);
 }
 
 /// Runs `sluice slt` on one file named `name` holding `text`; expects failure, returns stdout.

@@ -27,17 +27,25 @@ pub enum ExecutionMode {
     /// The job graph executed in this process by the in-process job executor: stages, shuffles and
     /// task regions exactly as a cluster runs them, without networking.
     LocalGraph,
+    /// A driver and `workers` workers in this process, talking only through gRPC and Arrow Flight
+    /// on loopback, exactly as separate processes do.
+    LocalCluster,
 }
 
 impl ExecutionMode {
     /// Every mode, in the order `--help` lists them.
-    pub const ALL: &'static [ExecutionMode] = &[ExecutionMode::Local, ExecutionMode::LocalGraph];
+    pub const ALL: &'static [ExecutionMode] = &[
+        ExecutionMode::Local,
+        ExecutionMode::LocalGraph,
+        ExecutionMode::LocalCluster,
+    ];
 
     /// The name used on the command line and in config files.
     pub fn name(self) -> &'static str {
         match self {
             ExecutionMode::Local => "local",
             ExecutionMode::LocalGraph => "local-graph",
+            ExecutionMode::LocalCluster => "local-cluster",
         }
     }
 
@@ -46,7 +54,9 @@ impl ExecutionMode {
     pub fn required_settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
             ExecutionMode::Local => &[],
-            ExecutionMode::LocalGraph => sluice_planner::DISTRIBUTED_SETTINGS,
+            ExecutionMode::LocalGraph | ExecutionMode::LocalCluster => {
+                sluice_planner::DISTRIBUTED_SETTINGS
+            }
         }
     }
 }
@@ -131,7 +141,7 @@ pub struct Sourced<T> {
 }
 
 impl<T> Sourced<T> {
-    fn new(value: T, source: impl Into<String>) -> Self {
+    pub fn new(value: T, source: impl Into<String>) -> Self {
         Self {
             value,
             source: source.into(),
@@ -146,6 +156,10 @@ pub struct SluiceConfig {
     pub mode: Sourced<ExecutionMode>,
     /// Memory budget for query execution; `None` is unbounded.
     pub memory_limit: Sourced<Option<ByteSize>>,
+    /// Workers of a local cluster (`--mode local-cluster`).
+    pub workers: Sourced<usize>,
+    /// Compression of Arrow IPC on the Flight data plane.
+    pub flight_compression: Sourced<FlightCompression>,
     /// DataFusion settings (`datafusion.*`), validated, by key.
     pub session: BTreeMap<String, Sourced<String>>,
 }
@@ -155,6 +169,8 @@ impl Default for SluiceConfig {
         Self {
             mode: Sourced::new(ExecutionMode::default(), "default"),
             memory_limit: Sourced::new(None, "default"),
+            workers: Sourced::new(DEFAULT_WORKERS, "default"),
+            flight_compression: Sourced::new(FlightCompression::None, "default"),
             // `SHOW` and `information_schema` are what a data engineer reaches for first.
             session: BTreeMap::from([(
                 "datafusion.catalog.information_schema".to_string(),
@@ -171,6 +187,10 @@ pub struct ConfigLayer {
     pub mode: Option<ExecutionMode>,
     /// `memory_limit`; `Some(None)` sets "unlimited".
     pub memory_limit: Option<Option<ByteSize>>,
+    /// `workers`.
+    pub workers: Option<usize>,
+    /// `flight_compression`.
+    pub flight_compression: Option<FlightCompression>,
     /// DataFusion settings as `(key, value)`.
     pub session: Vec<(String, String)>,
 }
@@ -181,6 +201,8 @@ pub struct ConfigLayer {
 struct FileLayer {
     mode: Option<String>,
     memory_limit: Option<String>,
+    workers: Option<usize>,
+    flight_compression: Option<String>,
     #[serde(default)]
     session: BTreeMap<String, toml::Value>,
 }
@@ -192,11 +214,67 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SLUICE_MEMORY_LIMIT",
         "memory budget, e.g. 4G, or 'unlimited'",
     ),
+    ("SLUICE_WORKERS", "workers of a local cluster"),
+    (
+        "SLUICE_FLIGHT_COMPRESSION",
+        "Arrow IPC compression between workers: none, lz4 or zstd",
+    ),
     (
         "SLUICE_SET",
         "DataFusion settings, 'key=value' separated by commas",
     ),
 ];
+
+/// Compression of Arrow IPC batches on the Flight data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlightCompression {
+    /// Uncompressed (the default: on loopback, compressing costs CPU and saves nothing).
+    #[default]
+    None,
+    /// LZ4 frames.
+    Lz4,
+    /// Zstandard.
+    Zstd,
+}
+
+impl FlightCompression {
+    /// The name used in config files and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlightCompression::None => "none",
+            FlightCompression::Lz4 => "lz4",
+            FlightCompression::Zstd => "zstd",
+        }
+    }
+}
+
+impl FromStr for FlightCompression {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "none" => Ok(FlightCompression::None),
+            "lz4" => Ok(FlightCompression::Lz4),
+            "zstd" => Ok(FlightCompression::Zstd),
+            other => Err(format!(
+                "unknown flight compression '{other}' (known: none, lz4, zstd)"
+            )),
+        }
+    }
+}
+
+/// Workers of a local cluster unless configured.
+pub const DEFAULT_WORKERS: usize = 4;
+
+/// Parses a worker count (at least 1).
+pub fn parse_workers(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "workers must be a whole number of at least 1, not '{text}'"
+        )),
+    }
+}
 
 /// Parses a memory limit: a size, or `unlimited` / `none` for no limit.
 pub fn parse_memory_limit(text: &str) -> Result<Option<ByteSize>, String> {
@@ -249,9 +327,19 @@ impl ConfigLayer {
                 (key, value)
             })
             .collect();
+        if file.workers == Some(0) {
+            return Err(error("workers must be at least 1".to_string()));
+        }
+        let flight_compression = file
+            .flight_compression
+            .map(|c| c.parse())
+            .transpose()
+            .map_err(error)?;
         Ok(Self {
             mode,
             memory_limit,
+            workers: file.workers,
+            flight_compression,
             session,
         })
     }
@@ -269,6 +357,10 @@ impl ConfigLayer {
             };
             match name.as_str() {
                 "SLUICE_MODE" => layer.mode = Some(value.parse().map_err(error)?),
+                "SLUICE_WORKERS" => layer.workers = Some(parse_workers(&value).map_err(error)?),
+                "SLUICE_FLIGHT_COMPRESSION" => {
+                    layer.flight_compression = Some(value.parse().map_err(error)?)
+                }
                 "SLUICE_MEMORY_LIMIT" => {
                     layer.memory_limit = Some(parse_memory_limit(&value).map_err(error)?)
                 }
@@ -298,6 +390,12 @@ impl SluiceConfig {
         }
         if let Some(limit) = layer.memory_limit {
             self.memory_limit = Sourced::new(limit, source);
+        }
+        if let Some(workers) = layer.workers {
+            self.workers = Sourced::new(workers, source);
+        }
+        if let Some(compression) = layer.flight_compression {
+            self.flight_compression = Sourced::new(compression, source);
         }
         for (key, value) in layer.session {
             validate_setting(&key, &value).map_err(|message| SluiceError::Config {
@@ -352,6 +450,17 @@ impl SluiceConfig {
             out,
             "memory_limit = \"{limit}\"  # from {}",
             self.memory_limit.source
+        );
+        let _ = writeln!(
+            out,
+            "workers = {}  # from {}",
+            self.workers.value, self.workers.source
+        );
+        let _ = writeln!(
+            out,
+            "flight_compression = \"{}\"  # from {}",
+            self.flight_compression.value.name(),
+            self.flight_compression.source
         );
         let _ = writeln!(out, "\n[session]");
         if all {

@@ -72,7 +72,7 @@ impl SluiceSession {
         let ctx = SessionContext::new_with_config_rt(session_config, runtime.build_arc()?);
         Ok(Self {
             ctx,
-            runner: runner_for(config.mode.value),
+            runner: runner_for(config),
             tables: BTreeMap::new(),
         })
     }
@@ -80,6 +80,12 @@ impl SluiceSession {
     /// The DataFusion context (catalog, settings, functions).
     pub fn context(&self) -> &SessionContext {
         &self.ctx
+    }
+
+    /// Replaces the runner (for a runner with non-default options, such as a local cluster with a
+    /// fault hook in tests); the session's settings stay those of its configured mode.
+    pub fn set_runner(&mut self, runner: Arc<dyn JobRunner>) {
+        self.runner = runner;
     }
 
     /// The runner that executes this session's queries.

@@ -48,6 +48,8 @@ async fn session(mode: ExecutionMode, settings: &[(&str, &str)]) -> SluiceSessio
     let layer = ConfigLayer {
         mode: Some(mode),
         memory_limit: None,
+        workers: None,
+        flight_compression: None,
         session: session_settings,
     };
     config.apply(layer, "test").unwrap();

@@ -51,6 +51,8 @@ fn session(mode: ExecutionMode, seed: i64, t_rows: usize, u_rows: usize) -> Slui
     let layer = ConfigLayer {
         mode: Some(mode),
         memory_limit: None,
+        workers: None,
+        flight_compression: None,
         session: vec![
             ("datafusion.execution.target_partitions".into(), "4".into()),
             ("datafusion.execution.batch_size".into(), "7".into()),

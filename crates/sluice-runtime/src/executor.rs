@@ -30,7 +30,7 @@ use sluice_planner::{InputKey, JobGraph, JobTopology, StageId, TaskId, TaskPlace
 
 use crate::codec::{decode_stage_plan, encode_stage_plan};
 
-use crate::stream_store::{JobId, StreamStore};
+use crate::stream_store::{JobId, StreamStore, TaskStreams};
 use crate::task::prepare_task;
 
 static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
@@ -100,7 +100,7 @@ fn start_job(
                 channel: 0,
                 replica: 0,
             };
-            store.take_stream(final_stage, key)
+            store.take_stream_inner(final_stage, key)
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -162,7 +162,8 @@ async fn run_task(
             .map(|s| Arc::clone(&s.plan))
             .ok_or_else(|| DataFusionError::Internal(format!("no stage {}", task.stage)))?,
     };
-    let plan = prepare_task(graph, task.stage, stage_plan, task.partition, &store)?;
+    let streams: Arc<dyn TaskStreams> = store;
+    let plan = prepare_task(graph, task.stage, stage_plan, task.partition, &streams)?;
     let mut stream = plan.execute(task.partition, context)?;
     while let Some(batch) = stream.next().await {
         batch?;

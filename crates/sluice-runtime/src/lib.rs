@@ -23,4 +23,7 @@ pub mod stream_store;
 pub mod task;
 
 pub use executor::{ExecutorOptions, execute_graph, execute_graph_with};
-pub use stream_store::{JobId, StreamStore, TaskStreamKey};
+pub use stream_store::{
+    JobId, StreamStore, TaskSender, TaskStreamKey, TaskStreams, receiver_stream,
+};
+pub use task::{TaskInput, assemble_task, prepare_task, task_inputs};

@@ -115,6 +115,8 @@ struct Job {
     sequences: HashMap<TaskAttempt, u64>,
     /// Regions whose output reached the caller (not retried).
     delivered: BTreeSet<RegionId>,
+    /// The attempt each succeeded region succeeded with.
+    succeeded: HashMap<RegionId, usize>,
 }
 
 /// The scheduler; see the module docs.
@@ -151,6 +153,7 @@ impl JobScheduler {
             topology,
             sequences: HashMap::new(),
             delivered: BTreeSet::new(),
+            succeeded: HashMap::new(),
         };
         self.jobs.insert(job_id, job);
         let actions = self.start_ready_regions(job_id);
@@ -164,6 +167,29 @@ impl JobScheduler {
         {
             state.delivered.insert(region);
         }
+    }
+
+    /// Asks whether output of `attempt` may go to the caller now: only while its region runs that very
+    /// attempt. A yes also marks the region delivered (it is no longer retried), so a batch of an
+    /// attempt the scheduler has already replaced never reaches the caller, and a delivered region
+    /// never runs twice.
+    pub fn approve_output(&mut self, job: JobId, attempt: TaskAttempt) -> bool {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return false;
+        };
+        let Some(region) = state.topology.region_of(attempt.task) else {
+            return false;
+        };
+        let current = match &state.regions[region.0] {
+            RegionState::Running { attempt, .. } => Some(*attempt),
+            RegionState::Succeeded => state.succeeded.get(&region).copied(),
+            RegionState::Waiting => None,
+        };
+        if current != Some(attempt.attempt) {
+            return false;
+        }
+        state.delivered.insert(region);
+        true
     }
 
     /// Cancels a job: stops its running tasks and forgets it.
@@ -240,15 +266,16 @@ impl JobScheduler {
             return Vec::new();
         };
         let done = match &mut state.regions[region.0] {
-            RegionState::Running { remaining, .. } => {
+            RegionState::Running { remaining, attempt } => {
                 remaining.remove(&task);
-                remaining.is_empty()
+                remaining.is_empty().then_some(*attempt)
             }
-            _ => false,
+            _ => None,
         };
-        if !done {
+        let Some(attempt) = done else {
             return Vec::new();
-        }
+        };
+        state.succeeded.insert(region, attempt);
         state.regions[region.0] = RegionState::Succeeded;
         if state.regions.iter().all(|r| *r == RegionState::Succeeded) {
             self.jobs.remove(&job);
@@ -496,6 +523,46 @@ mod tests {
                 .task_status(job, attempt(1, 0, 0), 3, TaskStatus::Succeeded)
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn output_is_approved_only_for_the_current_attempt_and_stops_retries() {
+        let mut scheduler = JobScheduler::new(3);
+        let (job, _) = scheduler.accept_job(pipelined_job()).unwrap();
+        // A region retried before any output: the old attempt's output is refused, the new one's
+        // approved.
+        scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Failed("x".into()));
+        assert!(!scheduler.approve_output(job, attempt(1, 0, 0)));
+        assert!(scheduler.approve_output(job, attempt(1, 0, 1)));
+        // Once output reached the caller, a failure fails the job instead of retrying.
+        let actions = scheduler.task_status(
+            job,
+            attempt(0, 1, 1),
+            1,
+            TaskStatus::Failed("disk full".into()),
+        );
+        let failed = actions.iter().find_map(|a| match a {
+            SchedulerAction::JobFailed { error, .. } => Some(error.clone()),
+            _ => None,
+        });
+        let error = failed.expect("the job should fail");
+        assert!(
+            error.contains("disk full") && error.contains("duplicate"),
+            "{error}"
+        );
+        assert!(!scheduler.approve_output(job, attempt(1, 0, 1)));
+    }
+
+    #[test]
+    fn a_succeeded_region_keeps_approving_its_last_attempt() {
+        let mut scheduler = JobScheduler::new(3);
+        let (job, _) = scheduler.accept_job(blocking_job()).unwrap();
+        scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Failed("x".into()));
+        scheduler.task_status(job, attempt(0, 0, 1), 1, TaskStatus::Succeeded);
+        assert!(scheduler.approve_output(job, attempt(0, 0, 1)));
+        assert!(!scheduler.approve_output(job, attempt(0, 0, 0)));
+        // A region that has not started approves nothing.
+        assert!(!scheduler.approve_output(job, attempt(1, 0, 0)));
     }
 
     #[test]

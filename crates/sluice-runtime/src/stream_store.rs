@@ -72,6 +72,17 @@ struct TaskOutput {
     replicas: usize,
 }
 
+/// Where a task's readers get their input streams and its writer its output channels: the in-process
+/// [`StreamStore`] of a whole job, or a worker's store plus remote reads for one task.
+pub trait TaskStreams: fmt::Debug + Send + Sync {
+    /// The stream `key` of `stage`'s output; each may be taken once. The returned stream may connect
+    /// lazily, on its first poll.
+    fn take_stream(&self, stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream>;
+
+    /// The writer side of task (`stage`, `partition`), taken once by the task that runs it.
+    fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender>;
+}
+
 /// The streams of one job's tasks in this process; see the module docs.
 pub struct StreamStore {
     job: JobId,
@@ -136,8 +147,7 @@ impl StreamStore {
         })
     }
 
-    /// The writer side of task (`stage`, `partition`), taken once by the task that runs it.
-    pub fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender> {
+    fn take_sender_inner(&self, stage: StageId, partition: usize) -> Result<TaskSender> {
         let mut outputs = self.lock()?;
         let Some(output) = outputs.get_mut(&(stage, partition)) else {
             return internal_err!(
@@ -158,8 +168,11 @@ impl StreamStore {
         }
     }
 
-    /// The stream `key` of `stage`'s output, as a record-batch stream; each may be taken once.
-    pub fn take_stream(&self, stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream> {
+    pub(crate) fn take_stream_inner(
+        &self,
+        stage: StageId,
+        key: InputKey,
+    ) -> Result<SendableRecordBatchStream> {
         let stream_key = TaskStreamKey {
             job: self.job,
             stage,
@@ -196,11 +209,26 @@ impl StreamStore {
             .get(&stage)
             .cloned()
             .ok_or_else(|| DataFusionError::Internal(format!("no schema for stage {stage}")))?;
-        let batches = stream::unfold(receiver, |mut receiver| async move {
-            receiver.recv().await.map(|batch| (batch, receiver))
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+        Ok(receiver_stream(schema, receiver))
     }
+}
+
+impl TaskStreams for StreamStore {
+    fn take_stream(&self, stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream> {
+        self.take_stream_inner(stage, key)
+    }
+
+    fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender> {
+        self.take_sender_inner(stage, partition)
+    }
+}
+
+/// A channel receiver as a record-batch stream of `schema`.
+pub fn receiver_stream(schema: SchemaRef, receiver: ChannelReceiver) -> SendableRecordBatchStream {
+    let batches = stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|batch| (batch, receiver))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, batches))
 }
 
 impl StreamStore {
@@ -225,6 +253,16 @@ pub struct TaskSender {
 }
 
 impl TaskSender {
+    /// The writer of a channel set of `channels × replicas` channels (channel `c`, replica `r` at
+    /// index `c * replicas + r`).
+    pub fn new(sender: ChannelSender, channels: usize, replicas: usize) -> Self {
+        Self {
+            sender,
+            channels,
+            replicas,
+        }
+    }
+
     /// Number of channels (replicas excluded).
     pub fn channels(&self) -> usize {
         self.channels

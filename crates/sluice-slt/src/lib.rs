@@ -23,6 +23,8 @@ pub fn slt_config(user: &SluiceConfig) -> Result<SluiceConfig> {
     let mut config = SluiceConfig {
         mode: user.mode.clone(),
         memory_limit: user.memory_limit.clone(),
+        workers: user.workers.clone(),
+        flight_compression: user.flight_compression.clone(),
         session: Default::default(),
     };
     let defaults = ConfigLayer {

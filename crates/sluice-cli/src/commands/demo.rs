@@ -1,13 +1,15 @@
 //! `sluice demo`: the README's first command. Generates TPC-H SF 0.1 into `./sluice-data` unless it is
-//! already there, then runs the 22 queries and prints the timing table.
+//! already there, then runs the 22 queries on a local cluster (4 workers unless `--workers` says
+//! otherwise; the mode given with `--mode`, if any) and checks each result against local mode.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use sluice_engine::config::Sourced;
 use sluice_engine::tpch::bench::{BenchOptions, open_tpch_data};
 use sluice_engine::tpch::{GenOptions, QUERY_NUMBERS};
-use sluice_engine::{Result, SluiceConfig, SluiceSession};
+use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use tokio::runtime::Runtime;
 
 use super::tpch::{default_threads, generate_with_progress, run_and_report};
@@ -36,13 +38,26 @@ pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<E
         threads: default_threads(),
     };
     generate_with_progress(&gen_options)?;
-    let mut session = SluiceSession::new(config)?;
+    let mut config = config.clone();
+    if config.mode.source == "default" {
+        config.mode = Sourced::new(ExecutionMode::LocalCluster, "sluice demo");
+    }
+    let mut session = SluiceSession::new(&config)?;
     let scale_factor = runtime.block_on(open_tpch_data(&mut session, &args.data, None))?;
+    let reference = if config.mode.value == ExecutionMode::Local {
+        None
+    } else {
+        let mut local = config.clone();
+        local.mode = Sourced::new(ExecutionMode::Local, "sluice demo");
+        let mut reference = SluiceSession::new(&local)?;
+        runtime.block_on(open_tpch_data(&mut reference, &args.data, None))?;
+        Some(reference)
+    };
     let options = BenchOptions {
         queries: QUERY_NUMBERS.collect(),
         iterations: args.iterations.max(1),
         verify: false,
         scale_factor,
     };
-    run_and_report(&session, &options, None, runtime)
+    run_and_report(&session, reference.as_ref(), &options, None, runtime)
 }

@@ -95,6 +95,24 @@ pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+/// Runs one statement, streaming its result to stdout; returns the row count.
+async fn write_statement(
+    session: &SluiceSession,
+    statement: datafusion::sql::parser::Statement,
+    format: OutputFormat,
+) -> Result<usize> {
+    let mut stream = session.execute_statement(statement).await?;
+    let mut writer = ResultWriter::new(format, stream.schema(), BufWriter::new(std::io::stdout()));
+    let mut rows = 0usize;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        rows += batch.num_rows();
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    Ok(rows)
+}
+
 /// Runs each statement in `sql` in order, streaming its result to stdout and its row count and time
 /// to stderr. Stops at the first error.
 pub async fn run_statements(
@@ -117,16 +135,16 @@ pub async fn run_statements(
     }
     for statement in statements {
         let start = Instant::now();
-        let mut stream = session.execute_statement(statement).await?;
-        let mut writer =
-            ResultWriter::new(format, stream.schema(), BufWriter::new(std::io::stdout()));
-        let mut rows = 0usize;
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            rows += batch.num_rows();
-            writer.write(batch)?;
-        }
-        writer.finish()?;
+        let line = crate::progress::job_line();
+        let show = |text: &str| line.set_message(text.to_string());
+        let rows = crate::progress::with_job_progress(
+            session.runner(),
+            &show,
+            write_statement(session, statement, format),
+        )
+        .await;
+        line.finish_and_clear();
+        let rows = rows?;
         let noun = if rows == 1 { "row" } else { "rows" };
         eprintln!("{rows} {noun} in {:.3}s", start.elapsed().as_secs_f64());
     }

@@ -101,7 +101,7 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
                 verify: args.verify,
                 scale_factor,
             };
-            run_and_report(&session, &options, args.json.as_deref(), runtime)
+            run_and_report(&session, None, &options, args.json.as_deref(), runtime)
         }
     }
 }
@@ -167,18 +167,36 @@ fn print_manifest(manifest: &Manifest) {
 /// Runs the benchmark, prints its table (and the pass/fail line when verifying), writes `--json`.
 pub fn run_and_report(
     session: &SluiceSession,
+    reference: Option<&SluiceSession>,
     options: &BenchOptions,
     json: Option<&Path>,
     runtime: &Runtime,
 ) -> Result<ExitCode> {
     let bar = progress::bar(options.queries.len() as u64, "queries");
+    let label = std::sync::Mutex::new(String::new());
+    let set_label = |text: String| {
+        bar.set_message(text.clone());
+        if let Ok(mut label) = label.lock() {
+            *label = text;
+        }
+    };
     let mut on_event = |event: BenchEvent<'_>| match event {
         BenchEvent::Running { query, iteration } => {
-            bar.set_message(format!("q{query} (run {iteration}/{})", options.iterations));
+            set_label(format!("q{query} (run {iteration}/{})", options.iterations));
         }
         BenchEvent::Finished(_) => bar.inc(1),
     };
-    let report = runtime.block_on(until_ctrl_c(run_benchmark(session, options, &mut on_event)));
+    let show = |line: &str| {
+        if let Ok(label) = label.lock() {
+            bar.set_message(format!("{label} · {line}"));
+        }
+    };
+    let work = run_benchmark(session, reference, options, &mut on_event);
+    let report = runtime.block_on(until_ctrl_c(progress::with_job_progress(
+        session.runner(),
+        &show,
+        work,
+    )));
     bar.finish_and_clear();
     let report = report?;
     print_report(&report, options.verify);
@@ -205,11 +223,12 @@ fn print_report(report: &BenchReport, verify: bool) {
         "query", "rows", "min (s)", "median (s)"
     );
     for query in &report.queries {
-        let result = match (&query.error, query.verified) {
-            (Some(_), Some(false)) => "WRONG",
-            (Some(_), _) => "ERROR",
-            (None, Some(true)) => "verified",
-            (None, _) => "ok",
+        let result = match (&query.error, query.verified, query.matches_local) {
+            (Some(_), Some(false), _) | (Some(_), _, Some(false)) => "WRONG",
+            (Some(_), _, _) => "ERROR",
+            (None, Some(true), _) => "verified",
+            (None, _, Some(true)) => "same as local",
+            (None, _, _) => "ok",
         };
         println!(
             "{:<6} {:>8} {:>10.3} {:>11.3}  {result}",
@@ -228,7 +247,7 @@ fn print_report(report: &BenchReport, verify: bool) {
             println!("q{}: {error}", query.query);
         }
     }
-    if verify {
+    if verify || report.queries.iter().any(|q| q.matches_local.is_some()) {
         let (passed, failed) = report.counts();
         println!("{passed} passed, {failed} failed");
     }

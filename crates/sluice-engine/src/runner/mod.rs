@@ -9,9 +9,12 @@
 //!   SQL ─► logical plan ─► physical plan ─► JobRunner::execute ─► SendableRecordBatchStream
 //!                                              │
 //!                                              ├─ local: DataFusion execute_stream
-//!                                              └─ local-graph: JobGraph + in-process job executor
+//!                                              ├─ local-graph: JobGraph + in-process job executor
+//!                                              └─ local-cluster: JobGraph + driver and workers
+//!                                                   (gRPC + Arrow Flight on loopback)
 //! ```
 
+mod cluster;
 mod graph;
 mod local;
 
@@ -20,11 +23,13 @@ use std::sync::Arc;
 
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
+use futures::future::BoxFuture;
 
+pub use cluster::LocalClusterRunner;
 pub use graph::LocalGraphRunner;
 pub use local::LocalRunner;
 
-use crate::config::ExecutionMode;
+use crate::config::{ExecutionMode, SluiceConfig};
 use crate::error::Result;
 
 /// Executes a physical plan as a job and streams its output.
@@ -39,12 +44,22 @@ pub trait JobRunner: Debug + Send + Sync {
         plan: Arc<dyn ExecutionPlan>,
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream>;
+
+    /// One line describing the running jobs' progress (per stage: tasks done of total, rows), for a
+    /// terminal; `None` when the mode has none or nothing runs.
+    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
+        Box::pin(async { None })
+    }
 }
 
-/// The runner for `mode`.
-pub fn runner_for(mode: ExecutionMode) -> Arc<dyn JobRunner> {
-    match mode {
+/// The runner for `config`'s mode (`workers` and `flight_compression` size a local cluster).
+pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
+    match config.mode.value {
         ExecutionMode::Local => Arc::new(LocalRunner),
         ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner),
+        ExecutionMode::LocalCluster => Arc::new(LocalClusterRunner::new(
+            config.workers.value,
+            config.flight_compression.value,
+        )),
     }
 }

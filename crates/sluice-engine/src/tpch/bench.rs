@@ -45,6 +45,8 @@ pub struct QueryReport {
     pub median: f64,
     /// `Some(true)` when verified against the official answer.
     pub verified: Option<bool>,
+    /// `Some(true)` when compared with local mode's result and equal.
+    pub matches_local: Option<bool>,
     /// Why it failed, if it did (an error or a verification mismatch).
     pub error: Option<String>,
 }
@@ -52,7 +54,7 @@ pub struct QueryReport {
 impl QueryReport {
     /// Whether the query ran and (if checked) verified.
     pub fn passed(&self) -> bool {
-        self.error.is_none() && self.verified != Some(false)
+        self.error.is_none() && self.verified != Some(false) && self.matches_local != Some(false)
     }
 }
 
@@ -160,6 +162,7 @@ fn median(values: &[f64]) -> f64 {
 
 async fn run_one(
     session: &SluiceSession,
+    reference: Option<&SluiceSession>,
     number: u8,
     options: &BenchOptions,
     progress: &mut dyn FnMut(BenchEvent<'_>),
@@ -171,6 +174,7 @@ async fn run_one(
         min: 0.0,
         median: 0.0,
         verified: None,
+        matches_local: None,
         error: None,
     };
     let query = match tpch_query(number, options.scale_factor) {
@@ -209,12 +213,50 @@ async fn run_one(
         report.verified = Some(outcome.is_ok());
         report.error = outcome.err().map(|why| format!("wrong answer: {why}"));
     }
+    if let Some(reference) = reference {
+        let outcome = compare_with(reference, &query, &last).await;
+        report.matches_local = Some(outcome.is_ok());
+        if let Err(why) = outcome {
+            report
+                .error
+                .get_or_insert(format!("differs from local mode: {why}"));
+        }
+    }
     report
 }
 
+/// Runs `query` in `reference` (local mode) and compares its rows, in order, with `actual`.
+async fn compare_with(
+    reference: &SluiceSession,
+    query: &TpchQuery,
+    actual: &[RecordBatch],
+) -> std::result::Result<(), String> {
+    let expected = run_tpch_query(reference, query)
+        .await
+        .map_err(|e| format!("local mode failed: {e}"))?;
+    let expected = format_rows(&expected).map_err(|e| e.to_string())?;
+    let actual = format_rows(actual).map_err(|e| e.to_string())?;
+    if expected.len() != actual.len() {
+        return Err(format!(
+            "{} rows, local mode {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    match expected.iter().zip(&actual).position(|(e, a)| e != a) {
+        Some(row) => Err(format!(
+            "row {row}: {:?}, local mode {:?}",
+            actual[row], expected[row]
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Runs the queries and returns the report; `progress` sees each iteration start and each query end.
+/// With `reference`, every result is also compared with that (local-mode) session's.
 pub async fn run_benchmark(
     session: &SluiceSession,
+    reference: Option<&SluiceSession>,
     options: &BenchOptions,
     progress: &mut dyn FnMut(BenchEvent<'_>),
 ) -> Result<BenchReport> {
@@ -226,7 +268,7 @@ pub async fn run_benchmark(
     }
     let mut queries = Vec::new();
     for &number in &options.queries {
-        let report = run_one(session, number, options, progress).await;
+        let report = run_one(session, reference, number, options, progress).await;
         progress(BenchEvent::Finished(&report));
         queries.push(report);
     }

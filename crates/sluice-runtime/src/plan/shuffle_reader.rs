@@ -33,7 +33,7 @@ use futures::{StreamExt, stream};
 use sluice_planner::plan::{RECOMPUTE, no_children};
 use sluice_planner::{InputKey, InputMode, StageId};
 
-use crate::stream_store::StreamStore;
+use crate::stream_store::TaskStreams;
 
 /// Reads one stage input of one task from the stream store.
 #[derive(Debug)]
@@ -41,7 +41,7 @@ pub struct ShuffleReaderExec {
     stage: StageId,
     mode: InputMode,
     keys: Vec<Vec<InputKey>>,
-    store: Arc<StreamStore>,
+    store: Arc<dyn TaskStreams>,
     properties: Arc<PlanProperties>,
     replay: bool,
     replays: Mutex<HashMap<usize, Arc<tokio::sync::Mutex<Replay>>>>,
@@ -68,7 +68,7 @@ impl ShuffleReaderExec {
         stage: StageId,
         mode: InputMode,
         keys: Vec<Vec<InputKey>>,
-        store: Arc<StreamStore>,
+        store: Arc<dyn TaskStreams>,
         properties: Arc<PlanProperties>,
     ) -> Self {
         Self {

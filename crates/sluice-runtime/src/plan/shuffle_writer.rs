@@ -30,7 +30,7 @@ use sluice_planner::plan::{RECOMPUTE, only_child};
 use sluice_planner::{OutputDistribution, StageId};
 use sluice_shuffle::{KernelOptions, RoutingScheme, ShuffleKernel, ShuffleMetrics};
 
-use crate::stream_store::{StreamStore, TaskSender};
+use crate::stream_store::{TaskSender, TaskStreams};
 
 /// Writes its input's partitions into the stream store's channels of `stage`.
 #[derive(Debug)]
@@ -38,7 +38,7 @@ pub struct ShuffleWriterExec {
     input: Arc<dyn ExecutionPlan>,
     stage: StageId,
     distribution: OutputDistribution,
-    store: Arc<StreamStore>,
+    store: Arc<dyn TaskStreams>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -48,7 +48,7 @@ impl ShuffleWriterExec {
         input: Arc<dyn ExecutionPlan>,
         stage: StageId,
         distribution: OutputDistribution,
-        store: Arc<StreamStore>,
+        store: Arc<dyn TaskStreams>,
     ) -> Self {
         Self {
             input,

@@ -1,0 +1,285 @@
+//! The data plane: Arrow Flight between workers, and from workers to the driver.
+//!
+//! ```text
+//!   reader (consumer task or job output)            worker holding the stream
+//!     DoGet(ticket = TaskStreamKey) ───────────────► store.take(key) (waits for the task)
+//!     ◄── FlightData (Arrow IPC; lz4/zstd optional) ── channel receiver
+//!   driver, once every consumer of an attempt finished:
+//!     DoAction("release", TaskStreamKey) ──────────► store.release_unread(attempt)
+//! ```
+//!
+//! Invariants: a malformed or unknown ticket gets an error reply and the server keeps serving; when a
+//! reader drops its stream, the server drops the receiver, so the producer stops waiting for it;
+//! messages have no size limit (a batch may exceed gRPC's 4 MiB default).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+    decode::FlightRecordBatchStream,
+};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::CompressionType;
+use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{Stream, TryStreamExt, stream};
+use prost::Message;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::store::WorkerStreamStore;
+use crate::wire::StreamId;
+
+/// The Flight action that drops the unread streams of a task attempt (body: a `TaskStreamKey`; its
+/// channel and replica are ignored).
+pub(crate) const RELEASE_ACTION: &str = "release";
+
+type BoxedStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send + 'static>>;
+
+/// A worker's Flight service over its stream store.
+pub(crate) struct StreamFlightService {
+    store: Arc<WorkerStreamStore>,
+    read_timeout: Duration,
+    compression: Option<CompressionType>,
+}
+
+impl StreamFlightService {
+    pub fn new(
+        store: Arc<WorkerStreamStore>,
+        read_timeout: Duration,
+        compression: Option<CompressionType>,
+    ) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(Self {
+            store,
+            read_timeout,
+            compression,
+        })
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX)
+    }
+}
+
+fn unsupported<T>(what: &str) -> std::result::Result<T, Status> {
+    Err(Status::unimplemented(format!(
+        "Sluice workers serve only DoGet and the '{RELEASE_ACTION}' action, not {what}"
+    )))
+}
+
+#[tonic::async_trait]
+impl FlightService for StreamFlightService {
+    type HandshakeStream = BoxedStream<HandshakeResponse>;
+    type ListFlightsStream = BoxedStream<FlightInfo>;
+    type DoGetStream = BoxedStream<FlightData>;
+    type DoPutStream = BoxedStream<PutResult>;
+    type DoExchangeStream = BoxedStream<FlightData>;
+    type DoActionStream = BoxedStream<arrow_flight::Result>;
+    type ListActionsStream = BoxedStream<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
+        unsupported("Handshake")
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> std::result::Result<Response<Self::ListFlightsStream>, Status> {
+        unsupported("ListFlights")
+    }
+
+    async fn get_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<FlightInfo>, Status> {
+        unsupported("GetFlightInfo")
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<PollInfo>, Status> {
+        unsupported("PollFlightInfo")
+    }
+
+    async fn get_schema(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<SchemaResult>, Status> {
+        unsupported("GetSchema")
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
+        let id = StreamId::from_ticket(&request.into_inner().ticket)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (schema, receiver) = self
+            .store
+            .take(id, self.read_timeout)
+            .await
+            .map_err(|e| Status::not_found(e.to_string()))?;
+        let batches = sluice_runtime::receiver_stream(schema.clone(), receiver)
+            .map_err(|e| FlightError::ExternalError(Box::new(e)));
+        let options = IpcWriteOptions::default()
+            .try_with_compression(self.compression)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_options(options)
+            .build(batches)
+            .map_err(|e| Status::internal(e.to_string()));
+        Ok(Response::new(Box::pin(data)))
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> std::result::Result<Response<Self::DoPutStream>, Status> {
+        unsupported("DoPut")
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
+        unsupported("DoExchange")
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        if action.r#type != RELEASE_ACTION {
+            return unsupported(&format!("action '{}'", action.r#type));
+        }
+        let id = StreamId::from_ticket(&action.body)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.store
+            .release_unread(id.attempt_key())
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Box::pin(stream::empty())))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
+        let release = ActionType {
+            r#type: RELEASE_ACTION.to_string(),
+            description: "drop the unread output streams of a task attempt (body: TaskStreamKey)"
+                .to_string(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(release)]))))
+    }
+}
+
+/// Flight clients by address, connected lazily and shared by every task of a process.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FlightClients {
+    clients: Arc<Mutex<HashMap<String, FlightServiceClient<Channel>>>>,
+}
+
+impl FlightClients {
+    fn client(&self, address: &str) -> Result<FlightServiceClient<Channel>> {
+        let mut clients = self
+            .clients
+            .lock()
+            .map_err(|_| DataFusionError::Internal("Flight client cache poisoned".into()))?;
+        if let Some(client) = clients.get(address) {
+            return Ok(client.clone());
+        }
+        let channel = endpoint(address)?.connect_lazy();
+        let client = FlightServiceClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        clients.insert(address.to_string(), client.clone());
+        Ok(client)
+    }
+
+    fn fresh_client(&self, address: &str) -> Result<FlightServiceClient<Channel>> {
+        Ok(FlightServiceClient::new(endpoint(address)?.connect_lazy())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX))
+    }
+
+    /// Stream `id` from the worker at `address` as a lazy record-batch stream of `schema`: it connects
+    /// on its first poll, and dropping it ends the read (the worker drops the stream).
+    pub fn read(
+        &self,
+        address: &str,
+        id: StreamId,
+        schema: SchemaRef,
+    ) -> SendableRecordBatchStream {
+        let clients = self.clone();
+        let address = address.to_string();
+        let read = async move {
+            // One connection per stream: a stream its reader has not reached yet (a join's probe
+            // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
+            // streams the reader needs first.
+            let mut client = clients.fresh_client(&address)?;
+            let ticket = Ticket {
+                ticket: id.to_proto()?.encode_to_vec().into(),
+            };
+            let response = client
+                .do_get(ticket)
+                .await
+                .map_err(|status| read_error(&address, id, status.message()))?;
+            let data = response
+                .into_inner()
+                .map_err(|status| FlightError::Tonic(Box::new(status)));
+            let batches = FlightRecordBatchStream::new_from_flight_data(data)
+                .map_err(move |e| read_error(&address, id, &e.to_string()));
+            Ok::<_, DataFusionError>(batches)
+        };
+        Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            stream::once(read).try_flatten(),
+        ))
+    }
+
+    /// Tells the worker at `address` that the unread streams of `id`'s task attempt will never be read.
+    pub async fn release(&self, address: &str, id: StreamId) -> Result<()> {
+        let mut client = self.client(address)?;
+        let action = Action {
+            r#type: RELEASE_ACTION.to_string(),
+            body: id.to_proto()?.encode_to_vec().into(),
+        };
+        let mut results = client
+            .do_action(action)
+            .await
+            .map_err(|status| read_error(address, id, status.message()))?
+            .into_inner();
+        while results
+            .message()
+            .await
+            .map_err(|status| read_error(address, id, status.message()))?
+            .is_some()
+        {}
+        Ok(())
+    }
+}
+
+fn read_error(address: &str, id: StreamId, message: &str) -> DataFusionError {
+    DataFusionError::Execution(format!("reading {id} from worker {address}: {message}"))
+}
+
+/// A tonic endpoint for `host:port`.
+pub(crate) fn endpoint(address: &str) -> Result<Endpoint> {
+    Endpoint::from_shared(format!("http://{address}"))
+        .map(|e| e.tcp_nodelay(true))
+        .map_err(|e| DataFusionError::Configuration(format!("bad address '{address}': {e}")))
+}
