@@ -26,7 +26,9 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
     decode::FlightRecordBatchStream,
 };
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::{DataFusionError, Result};
@@ -132,6 +134,7 @@ impl FlightService for StreamFlightService {
             .await
             .map_err(|e| Status::not_found(e.to_string()))?;
         let batches = sluice_runtime::receiver_stream(schema.clone(), receiver)
+            .and_then(|batch| futures::future::ready(compact_views(batch)))
             .map_err(|e| FlightError::ExternalError(Box::new(e)));
         let options = IpcWriteOptions::default()
             .try_with_compression(self.compression)
@@ -185,6 +188,49 @@ impl FlightService for StreamFlightService {
         };
         Ok(Response::new(Box::pin(stream::iter([Ok(release)]))))
     }
+}
+
+/// A batch whose string and binary view columns no longer point into buffers much larger than the
+/// bytes they use. A view array made by `take` (a join's output, a shuffle's gather) shares its
+/// source's whole data buffers; Arrow IPC writes every buffer an array references, so without this a
+/// few thousand joined rows would carry the entire build side over the wire with every batch.
+fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    let mut changed = false;
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|column| match column.data_type() {
+            DataType::Utf8View => {
+                let array = column.as_string_view();
+                if wasteful(array.data_buffers(), array.total_buffer_bytes_used()) {
+                    changed = true;
+                    Arc::new(array.gc()) as ArrayRef
+                } else {
+                    Arc::clone(column)
+                }
+            }
+            DataType::BinaryView => {
+                let array = column.as_binary_view();
+                if wasteful(array.data_buffers(), array.total_buffer_bytes_used()) {
+                    changed = true;
+                    Arc::new(array.gc()) as ArrayRef
+                } else {
+                    Arc::clone(column)
+                }
+            }
+            _ => Arc::clone(column),
+        })
+        .collect();
+    if !changed {
+        return Ok(batch);
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// Whether data buffers hold more than twice the bytes their views use.
+fn wasteful(buffers: &[Buffer], used: usize) -> bool {
+    let held: usize = buffers.iter().map(Buffer::len).sum();
+    held > 2 * used + 4096
 }
 
 /// Flight clients by address, connected lazily and shared by every task of a process.
@@ -282,4 +328,42 @@ pub(crate) fn endpoint(address: &str) -> Result<Endpoint> {
     Endpoint::from_shared(format!("http://{address}"))
         .map(|e| e.tcp_nodelay(true))
         .map_err(|e| DataFusionError::Configuration(format!("bad address '{address}': {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use datafusion::arrow::array::{Int32Array, StringViewArray};
+    use datafusion::arrow::compute::take;
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn view_columns_taken_from_a_large_array_are_compacted_before_the_wire() {
+        let names: Vec<String> = (0..1000)
+            .map(|i| format!("customer name number {i:08}"))
+            .collect();
+        let source = StringViewArray::from_iter_values(names.iter());
+        let taken = take(&source, &Int32Array::from(vec![3, 997]), None).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "n",
+            DataType::Utf8View,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![taken]).unwrap();
+        let held = |b: &RecordBatch| -> usize {
+            b.column(0)
+                .as_string_view()
+                .data_buffers()
+                .iter()
+                .map(Buffer::len)
+                .sum()
+        };
+        assert!(held(&batch) > 20_000);
+        let compact = compact_views(batch.clone()).unwrap();
+        assert!(held(&compact) < 100, "{}", held(&compact));
+        assert_eq!(compact, batch);
+    }
 }
