@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Executing it returns a stream that yields no batches: polling it does the work, errors arrive in
-//! it, and dropping it stops the work (nothing is spawned). It stops early, successfully, when every
+//! it, and dropping it stops the work (nothing is spawned). It spends tokio's cooperative budget per
+//! input batch, so a task whose input is always ready still yields its thread regularly. It stops early, successfully, when every
 //! reader of the output is gone.
 
 use std::fmt;
@@ -78,6 +79,9 @@ async fn write_all(
     sender: TaskSender,
 ) -> Result<()> {
     while let Some(batch) = input.next().await {
+        // Input that is always ready (in-memory joins, local reads) must not hold the thread: the
+        // runtime also serves the worker's control and data endpoints.
+        tokio::task::consume_budget().await;
         kernel.push(&batch?)?;
         while let Some((channel, batch)) = kernel.next_completed() {
             if !sender.send(channel, batch).await? {
