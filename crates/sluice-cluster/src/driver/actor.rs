@@ -75,6 +75,8 @@ pub struct DriverSnapshot {
     pub running_tasks: usize,
     /// Registered workers.
     pub workers: usize,
+    /// Per worker, milliseconds since its last heartbeat (nothing acts on it yet).
+    pub heartbeat_age_ms: Vec<u64>,
 }
 
 pub(crate) struct DriverActor {
@@ -191,6 +193,14 @@ impl DriverActor {
                     jobs: self.jobs.len(),
                     running_tasks: self.running.len(),
                     workers: self.workers.len(),
+                    heartbeat_age_ms: self
+                        .workers
+                        .iter()
+                        .map(|w| {
+                            u64::try_from(w.last_heartbeat.elapsed().as_millis())
+                                .unwrap_or(u64::MAX)
+                        })
+                        .collect(),
                 });
             }
         }
