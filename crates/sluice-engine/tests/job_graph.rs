@@ -5,8 +5,9 @@
 //! property test over small random queries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
+mod common;
+
+use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::physical_plan::limit::GlobalLimitExec;
@@ -15,28 +16,10 @@ use sluice_engine::config::ConfigLayer;
 use sluice_engine::session::collect_stream;
 use sluice_engine::tpch::answers::format_rows;
 use sluice_engine::tpch::bench::{open_tpch_data, run_tpch_query};
-use sluice_engine::tpch::datagen::{GenOptions, generate};
 use sluice_engine::tpch::queries::tpch_query;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceSession};
 use sluice_planner::explain::explain_text;
 use sluice_planner::{JobGraph, JobGraphOptions, JobTopology};
-
-fn tpch_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let options = GenOptions {
-            scale_factor: 0.01,
-            out: dir.path().to_path_buf(),
-            parts: Some(4),
-            force: false,
-            threads: 2,
-        };
-        generate(&options, &|_| {}).unwrap();
-        dir
-    })
-    .path()
-}
 
 async fn session(mode: ExecutionMode, settings: &[(&str, &str)]) -> SluiceSession {
     let mut config = SluiceConfig::default();
@@ -54,7 +37,7 @@ async fn session(mode: ExecutionMode, settings: &[(&str, &str)]) -> SluiceSessio
     };
     config.apply(layer, "test").unwrap();
     let mut session = SluiceSession::new(&config).unwrap();
-    open_tpch_data(&mut session, tpch_dir(), Some(0.01))
+    open_tpch_data(&mut session, common::tpch_dir(), Some(0.01))
         .await
         .unwrap();
     session
@@ -246,7 +229,7 @@ async fn a_failing_task_fails_the_query_with_its_stage_and_partition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_explain_snapshots() {
     let graph = session(ExecutionMode::LocalGraph, &[]).await;
-    let data = tpch_dir().display().to_string();
+    let data = common::tpch_dir().display().to_string();
     let data = data.trim_start_matches('/');
     for number in 1..=22u8 {
         let query = tpch_query(number, 0.01).unwrap();

@@ -3,9 +3,10 @@
 //! retries run out, and stop everything when the caller drops the output.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
+mod common;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -14,26 +15,8 @@ use sluice_engine::config::ConfigLayer;
 use sluice_engine::runner::LocalClusterRunner;
 use sluice_engine::tpch::answers::format_rows;
 use sluice_engine::tpch::bench::{open_tpch_data, run_tpch_query};
-use sluice_engine::tpch::datagen::{GenOptions, generate};
 use sluice_engine::tpch::queries::tpch_query;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceSession};
-
-fn tpch_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let options = GenOptions {
-            scale_factor: 0.01,
-            out: dir.path().to_path_buf(),
-            parts: Some(4),
-            force: false,
-            threads: 2,
-        };
-        generate(&options, &|_| {}).unwrap();
-        dir
-    })
-    .path()
-}
 
 async fn session(mode: ExecutionMode, runner: Option<LocalClusterRunner>) -> SluiceSession {
     let mut config = SluiceConfig::default();
@@ -50,7 +33,7 @@ async fn session(mode: ExecutionMode, runner: Option<LocalClusterRunner>) -> Slu
     if let Some(runner) = runner {
         session.set_runner(Arc::new(runner));
     }
-    open_tpch_data(&mut session, tpch_dir(), Some(0.01))
+    open_tpch_data(&mut session, common::tpch_dir(), Some(0.01))
         .await
         .unwrap();
     session
