@@ -26,8 +26,9 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
     decode::FlightRecordBatchStream,
 };
-use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, AsArray, GenericByteViewArray, RecordBatch};
 use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::datatypes::ByteViewType;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
@@ -36,9 +37,10 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, TryStreamExt, stream};
 use prost::Message;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::net::endpoint;
 use crate::store::WorkerStreamStore;
 use crate::wire::StreamId;
 
@@ -199,26 +201,14 @@ fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
     let columns: Vec<ArrayRef> = batch
         .columns()
         .iter()
-        .map(|column| match column.data_type() {
-            DataType::Utf8View => {
-                let array = column.as_string_view();
-                if wasteful(array.data_buffers(), array.total_buffer_bytes_used()) {
-                    changed = true;
-                    Arc::new(array.gc()) as ArrayRef
-                } else {
-                    Arc::clone(column)
-                }
-            }
-            DataType::BinaryView => {
-                let array = column.as_binary_view();
-                if wasteful(array.data_buffers(), array.total_buffer_bytes_used()) {
-                    changed = true;
-                    Arc::new(array.gc()) as ArrayRef
-                } else {
-                    Arc::clone(column)
-                }
-            }
-            _ => Arc::clone(column),
+        .map(|column| {
+            let compacted = match column.data_type() {
+                DataType::Utf8View => compact(column.as_string_view()),
+                DataType::BinaryView => compact(column.as_binary_view()),
+                _ => None,
+            };
+            changed |= compacted.is_some();
+            compacted.unwrap_or_else(|| Arc::clone(column))
         })
         .collect();
     if !changed {
@@ -227,10 +217,10 @@ fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
-/// Whether data buffers hold more than twice the bytes their views use.
-fn wasteful(buffers: &[Buffer], used: usize) -> bool {
-    let held: usize = buffers.iter().map(Buffer::len).sum();
-    held > 2 * used + 4096
+/// `array` garbage-collected, if its data buffers hold more than twice the bytes its views use.
+fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<ArrayRef> {
+    let held: usize = array.data_buffers().iter().map(Buffer::len).sum();
+    (held > 2 * array.total_buffer_bytes_used() + 4096).then(|| Arc::new(array.gc()) as ArrayRef)
 }
 
 /// Flight clients by address, connected lazily and shared by every task of a process.
@@ -321,13 +311,6 @@ impl FlightClients {
 
 fn read_error(address: &str, id: StreamId, message: &str) -> DataFusionError {
     DataFusionError::Execution(format!("reading {id} from worker {address}: {message}"))
-}
-
-/// A tonic endpoint for `host:port`.
-pub(crate) fn endpoint(address: &str) -> Result<Endpoint> {
-    Endpoint::from_shared(format!("http://{address}"))
-        .map(|e| e.tcp_nodelay(true))
-        .map_err(|e| DataFusionError::Configuration(format!("bad address '{address}': {e}")))
 }
 
 #[cfg(test)]

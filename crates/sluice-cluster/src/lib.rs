@@ -24,6 +24,7 @@ pub mod proto;
 mod driver;
 mod flight;
 mod local_cluster;
+mod net;
 mod progress;
 mod store;
 mod wire;

@@ -14,7 +14,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::JobGraph;
 
 use crate::driver::{Driver, DriverOptions, RemoteReporter};
-use crate::flight::endpoint;
+use crate::net::endpoint;
 use crate::proto;
 use crate::proto::driver_service_client::DriverServiceClient;
 use crate::store::StoreCounts;

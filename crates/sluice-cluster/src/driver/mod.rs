@@ -28,12 +28,12 @@ use futures::future::BoxFuture;
 use sluice_planner::JobGraph;
 use sluice_runtime::JobId;
 use sluice_runtime::scheduler::TaskAttempt;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
 use crate::flight::FlightClients;
+use crate::net::{bind_loopback, incoming};
 use crate::proto;
 use crate::proto::driver_service_server::{DriverService, DriverServiceServer};
 use crate::worker::{StatusReporter, Worker, WorkerOptions};
@@ -102,13 +102,7 @@ pub(crate) struct Driver {
 impl Driver {
     /// Starts a driver serving `DriverService` on `127.0.0.1` at an ephemeral port.
     pub async fn start(options: DriverOptions, executor_options: WorkerOptions) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| DataFusionError::External(Box::new(e)))?
-            .to_string();
+        let (listener, address) = bind_loopback("the driver").await?;
         let (events, inbox) = mpsc::unbounded_channel();
         let executor = Worker::start("driver executor".to_string(), executor_options).await?;
         executor.set_reporter(0, Arc::new(LocalReporter(events.clone())))?;
@@ -118,11 +112,9 @@ impl Driver {
             events: events.clone(),
         });
         let server = SpawnedTask::spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let _ = Server::builder()
                 .add_service(service)
-                .serve_with_incoming(incoming)
+                .serve_with_incoming(incoming(listener))
                 .await;
         });
         Ok(Self {

@@ -32,11 +32,11 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::future::BoxFuture;
-use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tonic::transport::Server;
 
 use crate::flight::{FlightClients, StreamFlightService};
+use crate::net::{bind_loopback, incoming};
 use crate::proto;
 use crate::store::{StoreCounts, WorkerStreamStore};
 use crate::wire::AttemptKey;
@@ -131,13 +131,7 @@ pub(crate) struct Worker {
 impl Worker {
     /// Starts a worker serving on `127.0.0.1` at an ephemeral port.
     pub async fn start(name: String, options: WorkerOptions) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| DataFusionError::External(Box::new(e)))?
-            .to_string();
+        let (listener, address) = bind_loopback(&name).await?;
         let runtime = Arc::new(RuntimeEnv::default());
         let template =
             SessionContext::new_with_config_rt(SessionConfig::new(), runtime.clone()).task_ctx();
@@ -163,14 +157,12 @@ impl Worker {
         let service = worker_service(shared.clone());
         let stop = shared.clone();
         let server = SpawnedTask::spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let shutdown = async move { stop.shutdown.notified().await };
             // Serving ends on StopWorker; a transport error ends it too (the driver sees a lost worker).
             let _ = Server::builder()
                 .add_service(service)
                 .add_service(flight)
-                .serve_with_incoming_shutdown(incoming, shutdown)
+                .serve_with_incoming_shutdown(incoming(listener), shutdown)
                 .await;
         });
         let runner = SpawnedTask::spawn(run_tasks(tasks_in));
