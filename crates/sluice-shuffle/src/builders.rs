@@ -9,9 +9,11 @@
 //! This is the wide fan-out alternative to "gather once, slice, then coalesce each slice": with many
 //! channels each slice is tiny and the coalescer's per-push overhead (and its second copy) dominates. It
 //! handles fixed-width columns (integers, floats, decimals, dates, times, timestamps, durations,
-//! intervals) and booleans; [`ChannelBuilders::supports`] says whether a schema qualifies, and other
-//! schemas use [`crate::ChannelCoalescers`]. Output batches have exactly `target_rows` rows except the
-//! final flush; a row limit caps each channel like the coalescers' does.
+//! intervals), booleans, and strings and binaries with offsets or views (`crate::byte_builders`);
+//! [`ChannelBuilders::supports`] says whether a schema qualifies, and other schemas (dictionaries,
+//! nested types) use [`crate::ChannelCoalescers`]. Output batches have exactly `target_rows` rows
+//! except the final flush and whole input batches passed through by [`ChannelBuilders::push_whole`]; a
+//! row limit caps each channel like the coalescers' does.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,8 +28,10 @@ use arrow::datatypes::{DataType, SchemaRef};
 use datafusion_common::{DataFusionError, Result};
 use datafusion_physical_plan::metrics::Time;
 
+use crate::byte_builders::byte_builder_for;
+
 /// One column of one channel under construction.
-trait ColumnBuilder: Send {
+pub(crate) trait ColumnBuilder: Send {
     /// Appends `source[i]` for every `i` in `rows`.
     fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()>;
     /// The built column; the builder starts over, with room for `capacity` rows.
@@ -35,7 +39,11 @@ trait ColumnBuilder: Send {
 }
 
 /// Appends the validity of `rows` of a column whose null buffer is `nulls`.
-fn gather_nulls(builder: &mut NullBufferBuilder, nulls: Option<&NullBuffer>, rows: &[u32]) {
+pub(crate) fn gather_nulls(
+    builder: &mut NullBufferBuilder,
+    nulls: Option<&NullBuffer>,
+    rows: &[u32],
+) {
     match nulls {
         Some(nulls) if nulls.null_count() > 0 => {
             for &row in rows {
@@ -57,7 +65,9 @@ impl<T: ArrowPrimitiveType> ColumnBuilder for PrimitiveBuilder<T> {
         let source = source.as_primitive_opt::<T>().ok_or_else(|| {
             DataFusionError::Internal(format!("expected {} column", self.data_type))
         })?;
-        let values = source.values();
+        // A plain slice keeps its length in a register; indexing the `ScalarBuffer` would reload it
+        // after every store, since the store might alias it.
+        let values: &[T::Native] = source.values();
         self.values
             .extend(rows.iter().map(|&row| values[row as usize]));
         gather_nulls(&mut self.nulls, source.nulls(), rows);
@@ -116,7 +126,7 @@ fn builder_for(data_type: &DataType, capacity: usize) -> Option<Box<dyn ColumnBu
     }
     downcast_primitive! {
         data_type => (primitive),
-        _ => None,
+        _ => byte_builder_for(data_type, capacity),
     }
 }
 
@@ -126,7 +136,7 @@ struct ChannelState {
     accepted: usize,
 }
 
-/// Per-channel builders for schemas of fixed-width and boolean columns.
+/// Per-channel builders for schemas of fixed-width, boolean, string and binary columns.
 pub struct ChannelBuilders {
     schema: SchemaRef,
     target_rows: usize,
@@ -247,6 +257,34 @@ impl ChannelBuilders {
             self.gather_untimed(channel, batch, &indices[offset..offset + len])?;
         }
         Ok(())
+    }
+
+    /// Hands a whole input batch to `channel`: passed on without a copy when the channel has no rows
+    /// pending, no row limit applies and the batch holds at least half the target (as the coalescers
+    /// do); otherwise its rows are gathered. `identity` must hold `0..n` for at least the batch's rows.
+    pub fn push_whole(
+        &mut self,
+        channel: usize,
+        batch: &RecordBatch,
+        identity: &[u32],
+    ) -> Result<()> {
+        let pending = self
+            .channels
+            .get(channel)
+            .and_then(Option::as_ref)
+            .map_or(0, |state| state.rows);
+        if self.limit.is_none()
+            && pending == 0
+            && channel < self.channels.len()
+            && batch.num_rows() * 2 >= self.target_rows
+        {
+            self.completed.push_back((channel, batch.clone()));
+            return Ok(());
+        }
+        let rows = identity.get(..batch.num_rows()).ok_or_else(|| {
+            DataFusionError::Internal("identity indices shorter than the batch".into())
+        })?;
+        self.gather(channel, batch, rows)
     }
 
     /// Appends the input rows `rows` (row numbers of `batch`) to `channel`.
@@ -461,8 +499,18 @@ mod tests {
     }
 
     #[test]
-    fn strings_are_not_supported_here() {
-        let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, false)]));
-        assert!(!ChannelBuilders::supports(&schema));
+    fn strings_are_supported_and_dictionaries_are_not() {
+        let strings = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Utf8, false),
+            Field::new("v", DataType::Utf8View, true),
+            Field::new("b", DataType::LargeBinary, true),
+        ]));
+        assert!(ChannelBuilders::supports(&strings));
+        let dictionary = Arc::new(Schema::new(vec![Field::new(
+            "d",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            false,
+        )]));
+        assert!(!ChannelBuilders::supports(&dictionary));
     }
 }

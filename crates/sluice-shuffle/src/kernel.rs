@@ -2,8 +2,10 @@
 //! channel's rows into target-size batches, hand out completed batches per channel.
 //!
 //! It picks the cheapest collection strategy the schema allows: [`ChannelBuilders`] (rows gathered
-//! straight into per-channel batches, one copy) when every column is fixed-width or boolean, otherwise one
-//! gather per input batch followed by per-channel [`ChannelCoalescers`]. Either way rows keep their input
+//! straight into per-channel batches, one copy) when every column is fixed-width, boolean, a string or a
+//! binary (offsets or views), otherwise one gather per input batch followed by per-channel
+//! [`ChannelCoalescers`]. A batch whose rows all go to one channel (always, under round-robin) passes
+//! through without a copy when it is at least half the target size. Either way rows keep their input
 //! order within a channel and every channel's output is cut at `target_rows`.
 
 use arrow::array::RecordBatch;
@@ -110,7 +112,7 @@ impl ShuffleKernel {
                     if self.identity.len() < batch.num_rows() {
                         self.identity = (0..batch.num_rows() as u32).collect();
                     }
-                    builders.gather(channel, batch, &self.identity[..batch.num_rows()])
+                    builders.push_whole(channel, batch, &self.identity)
                 }
                 Assignment::Grouped { indices, ranges } => {
                     builders.gather_grouped(batch, indices, ranges)

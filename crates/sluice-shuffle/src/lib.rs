@@ -8,8 +8,10 @@
 //!
 //! - [`modulo`]: exact `hash % n` by multiplication.
 //! - [`partitioner`]: hash / round-robin / range routing; hash routing equals DataFusion's row for row.
+//! - `grouping` (private): the stable counting sort that groups a batch's rows by channel.
 //! - [`coalesce`]: per-channel `BatchCoalescer`s with an optional row limit.
-//! - [`builders`]: per-channel builders that gather routed rows straight into output batches.
+//! - [`builders`]: per-channel builders that gather routed rows straight into output batches;
+//!   `byte_builders` (private) holds their string and binary columns, copying each value once.
 //! - [`kernel`]: a producer partition's routing + batching, choosing builders or coalescers.
 //! - [`channels`]: channel buffers with a memory budget, DataFusion-style backpressure and lz4 IPC spill.
 //! - [`metrics`]: rows/bytes per channel, routing and coalescing time, spill, as a DataFusion `MetricsSet`.
@@ -18,8 +20,10 @@
 //! without the SQL front end.
 
 pub mod builders;
+mod byte_builders;
 pub mod channels;
 pub mod coalesce;
+mod grouping;
 pub mod kernel;
 pub mod metrics;
 pub mod modulo;

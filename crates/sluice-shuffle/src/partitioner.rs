@@ -32,6 +32,7 @@ use datafusion_physical_expr::PhysicalExpr;
 use datafusion_physical_plan::metrics::Time;
 use datafusion_physical_plan::repartition::REPARTITION_RANDOM_STATE;
 
+use crate::grouping::{ChannelGrouping, Grouped};
 use crate::modulo::FastModulo;
 
 /// How rows are assigned to channels.
@@ -146,9 +147,7 @@ pub struct Partitioner {
     channels: usize,
     times: RoutingTimes,
     ids: Vec<u32>,
-    counts: Vec<u32>,
-    indices: Vec<u32>,
-    ranges: Vec<(usize, usize, usize)>,
+    grouping: ChannelGrouping,
 }
 
 impl std::fmt::Debug for Partitioner {
@@ -215,9 +214,7 @@ impl Partitioner {
             channels,
             times,
             ids: Vec::new(),
-            counts: Vec::new(),
-            indices: Vec::new(),
-            ranges: Vec::new(),
+            grouping: ChannelGrouping::default(),
         })
     }
 
@@ -234,17 +231,18 @@ impl Partitioner {
             Assignment::Grouped { .. } => {}
         }
         let timer = self.times.gathering.timer();
-        let indices = UInt32Array::new(ScalarBuffer::from(std::mem::take(&mut self.indices)), None);
+        let indices = UInt32Array::new(ScalarBuffer::from(self.grouping.take_indices()), None);
         let columns = take_arrays(batch.columns(), &indices, None)?;
         let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
         let gathered = RecordBatch::try_new_with_options(batch.schema(), columns, &options)?;
         // Keep the index buffer for the next batch when nothing else holds it.
         let (_, buffer, _) = indices.into_parts();
-        self.indices = buffer.into_inner().into_vec().unwrap_or_default();
+        self.grouping
+            .restore(buffer.into_inner().into_vec().unwrap_or_default());
         timer.done();
         Ok(RoutedBatch {
             batch: gathered,
-            ranges: self.ranges.clone(),
+            ranges: self.grouping.ranges().to_vec(),
         })
     }
 
@@ -295,42 +293,13 @@ impl Partitioner {
         Ok(self.group_by_channel())
     }
 
-    /// Groups row numbers by channel id with a counting sort: a histogram, prefix sums, one scatter.
+    /// Groups row numbers by channel id (see [`crate::grouping`]).
     fn group_by_channel(&mut self) -> Assignment<'_> {
         let _timer = self.times.routing.timer();
-        // Work on local slices: disjoint borrows let the compiler keep pointers in registers instead of
-        // reloading them after every store.
-        let ids = &self.ids[..];
-        self.counts.clear();
-        self.counts.resize(self.channels, 0);
-        let counts = &mut self.counts[..];
-        for &id in ids {
-            counts[id as usize] += 1;
-        }
-        self.ranges.clear();
-        let mut offset = 0u32;
-        for (channel, count) in counts.iter_mut().enumerate() {
-            let len = *count;
-            if len > 0 {
-                self.ranges.push((channel, offset as usize, len as usize));
-            }
-            *count = offset; // from here on: the next write position of this channel
-            offset += len;
-        }
-        if let [(channel, _, _)] = self.ranges[..] {
-            return Assignment::Whole(channel);
-        }
-        self.indices.clear();
-        self.indices.resize(ids.len(), 0);
-        let indices = &mut self.indices[..];
-        for (row, &id) in ids.iter().enumerate() {
-            let slot = &mut counts[id as usize];
-            indices[*slot as usize] = row as u32;
-            *slot += 1;
-        }
-        Assignment::Grouped {
-            indices: &self.indices,
-            ranges: &self.ranges,
+        match self.grouping.group(&self.ids, self.channels) {
+            Grouped::Empty => Assignment::Empty,
+            Grouped::Whole(channel) => Assignment::Whole(channel),
+            Grouped::Groups { indices, ranges } => Assignment::Grouped { indices, ranges },
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Hash routing must equal DataFusion's `BatchPartitioner` row for row, for any schema, batch size and
 //! channel count: downstream operators rely on `Partitioning::Hash` meaning exactly DataFusion's routing.
+//! The whole kernel (routing plus per-channel batching, with whichever collector the schema gets) must
+//! then deliver every channel's rows in that order, cut at the target size.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -7,23 +9,31 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray, StringViewArray,
+    ArrayRef, BinaryArray, BinaryViewArray, DictionaryArray, Int32Array, Int64Array,
+    LargeStringArray, RecordBatch, StringArray, StringViewArray,
 };
+use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use datafusion_physical_expr::PhysicalExpr;
 use datafusion_physical_expr::expressions::col;
 use datafusion_physical_plan::Partitioning;
-use datafusion_physical_plan::metrics::Time;
+use datafusion_physical_plan::metrics::{ExecutionPlanMetricsSet, Time};
 use datafusion_physical_plan::repartition::BatchPartitioner;
 use proptest::prelude::*;
-use sluice_shuffle::{Partitioner, RoutingScheme, RoutingTimes};
+use sluice_shuffle::{
+    ChannelBuilders, KernelOptions, Partitioner, RoutingScheme, RoutingTimes, ShuffleKernel,
+    ShuffleMetrics,
+};
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Int32,
     Int64,
     Utf8,
+    LargeUtf8,
+    Binary,
     Utf8View,
+    BinaryView,
     Dictionary,
 }
 
@@ -32,7 +42,10 @@ fn kind() -> impl Strategy<Value = Kind> {
         Just(Kind::Int32),
         Just(Kind::Int64),
         Just(Kind::Utf8),
+        Just(Kind::LargeUtf8),
+        Just(Kind::Binary),
         Just(Kind::Utf8View),
+        Just(Kind::BinaryView),
         Just(Kind::Dictionary),
     ]
 }
@@ -63,15 +76,30 @@ fn column(kind: Kind, values: &[Option<u8>]) -> (DataType, ArrayRef) {
             DataType::Utf8,
             Arc::new(values.iter().map(text).collect::<StringArray>()),
         ),
+        Kind::LargeUtf8 => (
+            DataType::LargeUtf8,
+            Arc::new(values.iter().map(varied).collect::<LargeStringArray>()),
+        ),
+        Kind::Binary => {
+            let bytes: Vec<Option<String>> = values.iter().map(varied).collect();
+            let array: BinaryArray = bytes
+                .iter()
+                .map(|v| v.as_deref().map(str::as_bytes))
+                .collect();
+            (DataType::Binary, Arc::new(array))
+        }
         Kind::Utf8View => (
             DataType::Utf8View,
-            Arc::new(
-                values
-                    .iter()
-                    .map(|v| v.map(|v| format!("a fairly long string value {v}")))
-                    .collect::<StringViewArray>(),
-            ),
+            Arc::new(values.iter().map(varied).collect::<StringViewArray>()),
         ),
+        Kind::BinaryView => {
+            let bytes: Vec<Option<String>> = values.iter().map(varied).collect();
+            let array: BinaryViewArray = bytes
+                .iter()
+                .map(|v| v.as_deref().map(str::as_bytes))
+                .collect();
+            (DataType::BinaryView, Arc::new(array))
+        }
         Kind::Dictionary => {
             let strings: Vec<Option<String>> = values.iter().map(text).collect();
             let array: DictionaryArray<Int32Type> = strings.iter().map(|v| v.as_deref()).collect();
@@ -81,6 +109,17 @@ fn column(kind: Kind, values: &[Option<u8>]) -> (DataType, ArrayRef) {
             )
         }
     }
+}
+
+/// Values from empty to 60 bytes: inline views (up to 12), chunk-copied ones (up to 32) and longer.
+fn varied(v: &Option<u8>) -> Option<String> {
+    v.map(|v| {
+        let len = usize::from(v) % 61;
+        format!("{v:03}{}", "é·x".repeat(20))
+            .chars()
+            .take(len)
+            .collect()
+    })
 }
 
 fn cell() -> impl Strategy<Value = Option<u8>> {
@@ -160,5 +199,89 @@ proptest! {
         let actual = by_channel(routed.slices());
 
         prop_assert_eq!(actual, expected);
+    }
+
+    #[test]
+    fn kernel_delivers_datafusions_channels_in_target_size_batches(
+        (kinds, columns, key_columns, channels) in case(),
+        target_rows in 1usize..70,
+        cut in 0usize..400,
+    ) {
+        let mut fields = Vec::new();
+        let mut arrays = Vec::new();
+        for (i, (kind, values)) in kinds.iter().zip(&columns).enumerate() {
+            let (data_type, array) = column(*kind, values);
+            fields.push(Field::new(format!("c{i}"), data_type, true));
+            arrays.push(array);
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let batch = RecordBatch::try_new(schema.clone(), arrays).unwrap();
+        let keys: Vec<Arc<dyn PhysicalExpr>> = key_columns
+            .iter()
+            .map(|i| col(&format!("c{i}"), &schema).unwrap())
+            .collect();
+        // Two pushes (the second a slice with an offset), so channels carry state across inputs.
+        let cut = cut.min(batch.num_rows());
+        let inputs = [batch.slice(0, cut), batch.slice(cut, batch.num_rows() - cut)];
+
+        let mut theirs = BatchPartitioner::try_new(
+            Partitioning::Hash(keys.clone(), channels),
+            Time::new(),
+            0,
+            1,
+        )
+        .unwrap();
+        let mut expected: BTreeMap<usize, Vec<RecordBatch>> = BTreeMap::new();
+        for input in &inputs {
+            for (channel, part) in theirs.partition_iter(input.clone()).unwrap().map(|r| r.unwrap()) {
+                expected.entry(channel).or_default().push(part);
+            }
+        }
+
+        let set = ExecutionPlanMetricsSet::new();
+        let options = KernelOptions { target_rows, limit: None, input_partition: 0, num_inputs: 1 };
+        let mut kernel = ShuffleKernel::try_new(
+            RoutingScheme::Hash { keys, channels },
+            schema.clone(),
+            &options,
+            ShuffleMetrics::new(&set, 0, channels),
+        )
+        .unwrap();
+        let mut actual: BTreeMap<usize, Vec<RecordBatch>> = BTreeMap::new();
+        for input in &inputs {
+            kernel.push(input).unwrap();
+            while let Some((channel, out)) = kernel.next_completed() {
+                actual.entry(channel).or_default().push(out);
+            }
+        }
+        kernel.finish().unwrap();
+        while let Some((channel, out)) = kernel.next_completed() {
+            actual.entry(channel).or_default().push(out);
+        }
+
+        let concat = |map: &BTreeMap<usize, Vec<RecordBatch>>| -> BTreeMap<usize, RecordBatch> {
+            map.iter()
+                .map(|(c, batches)| (*c, concat_batches(&schema, batches).unwrap()))
+                .filter(|(_, b)| b.num_rows() > 0)
+                .collect()
+        };
+        prop_assert_eq!(concat(&actual), concat(&expected));
+        // Builders cut exactly, except for a whole input batch of at least half the target, which
+        // passes through; coalescers pass any slice above half the target through whole.
+        let exact = ChannelBuilders::supports(&schema);
+        for batches in actual.values() {
+            let (last, full) = batches.split_last().unwrap();
+            if exact {
+                prop_assert!(full
+                    .iter()
+                    .all(|b| b.num_rows() == target_rows || b.num_rows() * 2 >= target_rows));
+            }
+            prop_assert!(last.num_rows() > 0);
+            for b in batches {
+                for column in b.columns() {
+                    column.to_data().validate_full().unwrap();
+                }
+            }
+        }
     }
 }
