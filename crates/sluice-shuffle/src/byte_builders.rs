@@ -255,29 +255,29 @@ impl<T: ByteViewType> ColumnBuilder for ViewBytesBuilder<T> {
             DataFusionError::Internal(format!("expected {} column", self.data_type))
         })?;
         let views: &[u128] = source.views();
-        if let Some(&row) = rows.iter().find(|&&row| row as usize >= views.len()) {
+        // Checked up front (a vectorized pass), so the copy loop below may read a missing view as 0.
+        if let Some(row) = rows.iter().copied().max()
+            && row as usize >= views.len()
+        {
             return Err(DataFusionError::Internal(format!(
                 "row {row} outside a {} column of {} rows",
                 self.data_type,
                 views.len()
             )));
         }
-        // Two passes: first the views (independent random reads, like a `take`), then the out-of-line
-        // values in output order. One fused pass made every value's read wait for its view's read, and
-        // measured slower.
-        let first = self.views.len();
-        self.views.extend(
-            rows.iter()
-                .map(|&row| views.get(row as usize).copied().unwrap_or(0)),
-        );
+        // One pass: the view, then its value. This needs the view rewritten with shifts (see
+        // `relocated`); with that, it measured faster than gathering the views first, like a `take`,
+        // and copying the values in a second pass (0.82-0.92 of DataFusion against 0.94-0.96).
         let data = source.data_buffers();
         let blocks = &mut self.blocks;
         let mut used = blocks.used;
         let mut spare = blocks.current.spare_capacity_mut();
-        for slot in &mut self.views[first..] {
-            let view = *slot;
+        self.views.reserve(rows.len());
+        for &row in rows {
+            let view = views.get(row as usize).copied().unwrap_or(0);
             let len = view as u32;
             if len <= MAX_INLINE_LEN {
+                self.views.push(view);
                 continue;
             }
             let len = len as usize;
@@ -300,8 +300,8 @@ impl<T: ByteViewType> ColumnBuilder for ViewBytesBuilder<T> {
                 offset as usize,
                 len,
             )?;
-            // Both fit in u32: there are few blocks, and a block is shorter than u32::MAX bytes.
-            *slot = relocated(view, blocks.closed.len() as u32, used as u32);
+            self.views
+                .push(relocated(view, blocks.closed.len() as u32, used as u32));
             used += len;
         }
         blocks.used = used;
