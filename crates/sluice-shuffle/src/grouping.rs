@@ -16,6 +16,8 @@
 //! with their own counters give the CPU four independent chains. Because lane `l` holds earlier rows
 //! than lane `l + 1` and its rows are placed first in every channel, the sort stays stable.
 
+use crate::partitioner::Assignment;
+
 /// Rows per batch below which one lane is used (the setup of four lanes does not pay off).
 const MIN_ROWS_FOR_LANES: usize = 256;
 const LANES: usize = 4;
@@ -28,26 +30,12 @@ pub(crate) struct ChannelGrouping {
     ranges: Vec<(usize, usize, usize)>,
 }
 
-/// The outcome of [`ChannelGrouping::group`].
-#[derive(Debug)]
-pub(crate) enum Grouped<'a> {
-    /// No rows.
-    Empty,
-    /// Every row has this channel id; no index array was built.
-    Whole(usize),
-    /// `indices[offset..offset + len]` are the rows of `channel`, for each `(channel, offset, len)` in
-    /// `ranges` (channels ascending, none empty).
-    Groups {
-        indices: &'a [u32],
-        ranges: &'a [(usize, usize, usize)],
-    },
-}
-
 impl ChannelGrouping {
-    /// Groups the rows of a batch whose channel ids are `ids` (each `< channels`).
-    pub(crate) fn group(&mut self, ids: &[u32], channels: usize) -> Grouped<'_> {
+    /// Groups the rows of a batch whose channel ids are `ids` (each `< channels`); a batch whose rows
+    /// all share one channel gets [`Assignment::Whole`] and no index array.
+    pub(crate) fn group(&mut self, ids: &[u32], channels: usize) -> Assignment<'_> {
         if ids.is_empty() {
-            return Grouped::Empty;
+            return Assignment::Empty;
         }
         let lane_len = if ids.len() < MIN_ROWS_FOR_LANES {
             ids.len()
@@ -101,7 +89,7 @@ impl ChannelGrouping {
             }
         }
         if let [(channel, _, _)] = self.ranges[..] {
-            return Grouped::Whole(channel);
+            return Assignment::Whole(channel);
         }
 
         self.indices.clear();
@@ -133,7 +121,7 @@ impl ChannelGrouping {
                 }
             }
         }
-        Grouped::Groups {
+        Assignment::Grouped {
             indices: &self.indices,
             ranges: &self.ranges,
         }
@@ -192,11 +180,11 @@ mod tests {
         let (indices, ranges) = reference(ids, channels);
         let mut grouping = ChannelGrouping::default();
         match grouping.group(ids, channels) {
-            Grouped::Empty => assert!(ids.is_empty()),
-            Grouped::Whole(channel) => {
+            Assignment::Empty => assert!(ids.is_empty()),
+            Assignment::Whole(channel) => {
                 assert_eq!(ranges, vec![(channel, 0, ids.len())]);
             }
-            Grouped::Groups {
+            Assignment::Grouped {
                 indices: got,
                 ranges: got_ranges,
             } => {

@@ -32,7 +32,7 @@ use datafusion_physical_expr::PhysicalExpr;
 use datafusion_physical_plan::metrics::Time;
 use datafusion_physical_plan::repartition::REPARTITION_RANDOM_STATE;
 
-use crate::grouping::{ChannelGrouping, Grouped};
+use crate::grouping::ChannelGrouping;
 use crate::modulo::FastModulo;
 
 /// How rows are assigned to channels.
@@ -296,11 +296,7 @@ impl Partitioner {
     /// Groups row numbers by channel id (see [`crate::grouping`]).
     fn group_by_channel(&mut self) -> Assignment<'_> {
         let _timer = self.times.routing.timer();
-        match self.grouping.group(&self.ids, self.channels) {
-            Grouped::Empty => Assignment::Empty,
-            Grouped::Whole(channel) => Assignment::Whole(channel),
-            Grouped::Groups { indices, ranges } => Assignment::Grouped { indices, ranges },
-        }
+        self.grouping.group(&self.ids, self.channels)
     }
 }
 

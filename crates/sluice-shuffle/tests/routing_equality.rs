@@ -13,7 +13,7 @@ use arrow::array::{
     LargeStringArray, RecordBatch, StringArray, StringViewArray,
 };
 use arrow::compute::concat_batches;
-use arrow::datatypes::{DataType, Field, Int32Type, Schema};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use datafusion_physical_expr::PhysicalExpr;
 use datafusion_physical_expr::expressions::col;
 use datafusion_physical_plan::Partitioning;
@@ -158,24 +158,34 @@ fn by_channel(
     map
 }
 
+/// The batch of a generated case (columns `c0`, `c1`, …), its schema and its key expressions.
+fn batch_and_keys(
+    kinds: &[Kind],
+    columns: &[Vec<Option<u8>>],
+    key_columns: &[usize],
+) -> (SchemaRef, RecordBatch, Vec<Arc<dyn PhysicalExpr>>) {
+    let mut fields = Vec::new();
+    let mut arrays = Vec::new();
+    for (i, (kind, values)) in kinds.iter().zip(columns).enumerate() {
+        let (data_type, array) = column(*kind, values);
+        fields.push(Field::new(format!("c{i}"), data_type, true));
+        arrays.push(array);
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), arrays).unwrap();
+    let keys = key_columns
+        .iter()
+        .map(|i| col(&format!("c{i}"), &schema).unwrap())
+        .collect();
+    (schema, batch, keys)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     #[test]
     fn hash_routing_equals_datafusion((kinds, columns, key_columns, channels) in case()) {
-        let mut fields = Vec::new();
-        let mut arrays = Vec::new();
-        for (i, (kind, values)) in kinds.iter().zip(&columns).enumerate() {
-            let (data_type, array) = column(*kind, values);
-            fields.push(Field::new(format!("c{i}"), data_type, true));
-            arrays.push(array);
-        }
-        let schema = Arc::new(Schema::new(fields));
-        let batch = RecordBatch::try_new(schema.clone(), arrays).unwrap();
-        let keys: Vec<Arc<dyn PhysicalExpr>> = key_columns
-            .iter()
-            .map(|i| col(&format!("c{i}"), &schema).unwrap())
-            .collect();
+        let (_, batch, keys) = batch_and_keys(&kinds, &columns, &key_columns);
 
         let mut theirs = BatchPartitioner::try_new(
             Partitioning::Hash(keys.clone(), channels),
@@ -207,19 +217,7 @@ proptest! {
         target_rows in 1usize..70,
         cut in 0usize..400,
     ) {
-        let mut fields = Vec::new();
-        let mut arrays = Vec::new();
-        for (i, (kind, values)) in kinds.iter().zip(&columns).enumerate() {
-            let (data_type, array) = column(*kind, values);
-            fields.push(Field::new(format!("c{i}"), data_type, true));
-            arrays.push(array);
-        }
-        let schema = Arc::new(Schema::new(fields));
-        let batch = RecordBatch::try_new(schema.clone(), arrays).unwrap();
-        let keys: Vec<Arc<dyn PhysicalExpr>> = key_columns
-            .iter()
-            .map(|i| col(&format!("c{i}"), &schema).unwrap())
-            .collect();
+        let (schema, batch, keys) = batch_and_keys(&kinds, &columns, &key_columns);
         // Two pushes (the second a slice with an offset), so channels carry state across inputs.
         let cut = cut.min(batch.num_rows());
         let inputs = [batch.slice(0, cut), batch.slice(cut, batch.num_rows() - cut)];
