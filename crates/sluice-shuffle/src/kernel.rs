@@ -74,12 +74,14 @@ impl ShuffleKernel {
             metrics.routing.clone(),
         )?;
         let channels = partitioner.channels();
+        // Builders gather rows straight into channel batches: their time is gather time, and
+        // coalesce time stays zero.
         let collector = match ChannelBuilders::try_new(
             schema.clone(),
             channels,
             options.target_rows,
             options.limit,
-            metrics.coalescing.clone(),
+            metrics.routing.gathering.clone(),
         ) {
             Some(builders) => Collector::Builders(builders),
             None => Collector::Coalescers(ChannelCoalescers::new(

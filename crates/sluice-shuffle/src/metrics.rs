@@ -14,9 +14,10 @@ pub struct ShuffleMetrics {
     pub rows_per_channel: Vec<Count>,
     /// Bytes (Arrow memory size) sent to each channel.
     pub bytes_per_channel: Vec<Count>,
-    /// Hashing, routing and gathering time.
+    /// Hashing, routing and gathering time (`gather_time` includes the per-channel builders, which
+    /// gather rows straight into channel batches).
     pub routing: RoutingTimes,
-    /// Time in the per-channel coalescers.
+    /// Time in the per-channel coalescers (zero when the schema uses builders).
     pub coalescing: Time,
     /// Spill files, bytes and rows.
     pub spill: SpillMetrics,
