@@ -179,3 +179,27 @@ async fn dropping_the_output_stops_every_task_and_frees_every_stream() {
         "still busy 2 s after the drop: {snapshot:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_every_stage_with_its_metrics() {
+    let runner = cluster_runner(2, None);
+    let cluster = session(ExecutionMode::LocalCluster, Some(runner.clone())).await;
+    let sql = "EXPLAIN ANALYZE SELECT o_orderpriority, count(*) FROM orders \
+               JOIN lineitem ON l_orderkey = o_orderkey GROUP BY o_orderpriority";
+    let (graph, _) = cluster.job_graph(sql).await.unwrap();
+    let outputs = cluster.run_sql(sql).await.unwrap();
+    let batches = &outputs.last().unwrap().batches;
+    let text = arrow::util::pretty::pretty_format_batches(batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("Plan with Metrics"), "{text}");
+    let earlier = graph.stages().len() - 1;
+    assert!(earlier > 0, "the query should have more than one stage");
+    for stage in 0..earlier {
+        assert!(text.contains(&format!("Stage {stage} ")), "{text}");
+    }
+    assert!(text.contains("rows written; task time median"), "{text}");
+    assert!(text.contains("ShuffleWriterExec"), "{text}");
+    assert!(text.contains("channel_rows="), "{text}");
+    assert!(wait_idle(&runner).await.is_idle());
+}

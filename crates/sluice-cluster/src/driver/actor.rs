@@ -23,6 +23,7 @@ use sluice_runtime::task_inputs;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
+use super::analyze::{TaskMetrics, is_analyze, stage_reports};
 use super::output::OutputCommand;
 use super::placement::{Location, Placement, PlacementView, place};
 use super::shipping::{ShippedStage, ship_stages};
@@ -57,6 +58,8 @@ struct JobEntry {
     done: std::collections::HashSet<TaskId>,
     /// Rows written by each task's succeeded attempt.
     rows: HashMap<TaskId, u64>,
+    /// Wall time and plan-with-metrics of each task's succeeded attempt (for `EXPLAIN ANALYZE`).
+    metrics: HashMap<TaskId, TaskMetrics>,
     /// Final-stage attempts announced to the output.
     announced: HashMap<TaskId, usize>,
     output: mpsc::UnboundedSender<OutputCommand>,
@@ -311,6 +314,7 @@ impl DriverActor {
                 locations: HashMap::new(),
                 done: std::collections::HashSet::new(),
                 rows: HashMap::new(),
+                metrics: HashMap::new(),
                 announced: HashMap::new(),
                 output,
                 succeeded: false,
@@ -341,6 +345,13 @@ impl DriverActor {
         if status == TaskStatus::Succeeded {
             if let Some(entry) = self.jobs.get_mut(&job) {
                 entry.rows.insert(attempt.task, report.output_rows);
+                entry.metrics.insert(
+                    attempt.task,
+                    TaskMetrics {
+                        elapsed_ms: report.elapsed_ms,
+                        plan: report.plan_metrics.clone(),
+                    },
+                );
             }
             self.task_done(job, attempt);
         }
@@ -429,7 +440,12 @@ impl DriverActor {
                 SchedulerAction::JobSucceeded { job } => {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.succeeded = true;
-                        let _ = entry.output.send(OutputCommand::Finish(Ok(())));
+                        let stages = if is_analyze(&entry.graph) {
+                            stage_reports(&entry.graph, &entry.rows, &entry.metrics)
+                        } else {
+                            Vec::new()
+                        };
+                        let _ = entry.output.send(OutputCommand::Finish(Ok(stages)));
                     }
                 }
                 SchedulerAction::JobFailed { job, error } => {

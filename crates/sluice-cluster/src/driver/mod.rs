@@ -14,6 +14,7 @@
 //! output was read, it failed, or its caller went away.
 
 mod actor;
+mod analyze;
 mod output;
 mod placement;
 mod shipping;

@@ -12,8 +12,9 @@
 //! (its region's current attempt); approval also marks the region delivered, so it is never retried —
 //! a failure after that fails the job instead of duplicating rows. Batches of an attempt the scheduler
 //! replaced are dropped unread. The stream ends only after the scheduler reported success and every
-//! approved stream ended; a read error surfaces then (or the job's own error if it failed).
-//! Dropping the stream cancels the job.
+//! approved stream ended; a read error surfaces then (or the job's own error if it failed). For
+//! `EXPLAIN ANALYZE`, one more batch follows the final stage's: a row per earlier stage
+//! (`super::analyze`). Dropping the stream cancels the job.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use sluice_runtime::JobId;
 use sluice_runtime::scheduler::TaskAttempt;
 use tokio::sync::{mpsc, oneshot};
 
+use super::analyze::{StageReport, report_batch};
 use super::{DriverEvent, Submission, driver_gone};
 use crate::flight::FlightClients;
 use crate::wire::StreamId;
@@ -41,8 +43,8 @@ pub(crate) enum OutputCommand {
         address: String,
         streams: Vec<StreamId>,
     },
-    /// The job ended.
-    Finish(std::result::Result<(), String>),
+    /// The job ended; on success, with the rows `EXPLAIN ANALYZE` adds for the earlier stages.
+    Finish(std::result::Result<Vec<StageReport>, String>),
 }
 
 /// Submits `graph` on first poll and returns its output stream.
@@ -125,26 +127,34 @@ impl Forwarder {
         let mut streams: SelectAll<BoxStream<'static, Tagged>> = SelectAll::new();
         let mut approved: HashSet<TaskAttempt> = HashSet::new();
         let mut rejected: HashSet<TaskAttempt> = HashSet::new();
-        let mut finished = false;
+        let mut finished: Option<Vec<StageReport>> = None;
         let mut read_error: Option<DataFusionError> = None;
         loop {
-            if finished && streams.is_empty() {
+            if let Some(reports) = finished.as_ref()
+                && streams.is_empty()
+            {
                 let result = match read_error.take() {
                     Some(error) => Err(error),
                     None => Ok(()),
                 };
+                if result.is_ok()
+                    && let Some(batch) = report_batch(&self.schema, reports)
+                    && self.tx.send(Ok(batch)).await.is_err()
+                {
+                    return;
+                }
                 self.end(result).await;
                 return;
             }
             tokio::select! {
-                command = commands.recv(), if !finished => match command {
+                command = commands.recv(), if finished.is_none() => match command {
                     Some(OutputCommand::Add { attempt, address, streams: ids }) => {
                         for id in ids {
                             let read = self.flight.read(&address, id, self.schema.clone());
                             streams.push(read.map(move |item| (attempt, item)).boxed());
                         }
                     }
-                    Some(OutputCommand::Finish(Ok(()))) => finished = true,
+                    Some(OutputCommand::Finish(Ok(reports))) => finished = Some(reports),
                     Some(OutputCommand::Finish(Err(message))) => {
                         self.end(Err(DataFusionError::Execution(message))).await;
                         return;

@@ -10,7 +10,9 @@
 //! Invariants: the attempt reports `Running` (sequence 1) before it reads or writes anything, and
 //! exactly one of `Succeeded`, `Failed` or `Canceled` (sequence 2) last; a stop drops the task's
 //! stream (cancelling its readers and writer) and removes its output. Input streams the task never
-//! opens are released by the driver once every task of this stage finished.
+//! opens are released by the driver once every task of this stage finished. A succeeded attempt's
+//! report carries the rows it wrote, its wall time and its plan rendered with metrics (what the driver
+//! shows per stage under `EXPLAIN ANALYZE`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::SessionConfig;
 use futures::{StreamExt, TryStreamExt, stream};
@@ -52,14 +55,15 @@ pub(super) async fn run_attempt(
             String::new(),
         ))
         .await;
+    let started = std::time::Instant::now();
     let outcome = tokio::select! {
         result = execute(&shared, definition, local) => Some(result),
         _ = stopped => None,
     };
-    let mut rows = 0;
+    let mut done = Executed::default();
     let (state, error) = match outcome {
-        Some(Ok(written)) => {
-            rows = written;
+        Some(Ok(executed)) => {
+            done = executed;
             (proto::TaskState::Succeeded, String::new())
         }
         Some(Err(error)) => (
@@ -73,8 +77,19 @@ pub(super) async fn run_attempt(
     };
     shared.forget_task(key);
     let mut last = report(&shared, key, 2, state, error);
-    last.output_rows = rows;
+    last.output_rows = done.rows;
+    last.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    last.plan_metrics = done.plan_metrics;
     shared.report(last).await;
+}
+
+/// What a succeeded attempt reports besides its state.
+#[derive(Debug, Default)]
+struct Executed {
+    /// Rows written to the output channels.
+    rows: u64,
+    /// The task's plan with its metrics, rendered as `EXPLAIN ANALYZE` shows a plan.
+    plan_metrics: String,
 }
 
 fn report(
@@ -94,6 +109,8 @@ fn report(
         state: state as i32,
         error,
         output_rows: 0,
+        elapsed_ms: 0,
+        plan_metrics: String::new(),
     }
 }
 
@@ -101,7 +118,7 @@ async fn execute(
     shared: &Arc<WorkerShared>,
     definition: proto::TaskDefinition,
     local: Option<LocalPlan>,
-) -> Result<u64> {
+) -> Result<Executed> {
     let key = AttemptKey::of_definition(&definition);
     if let Some(fault) = &shared.options.fault {
         let attempt = TaskAttemptRef {
@@ -141,7 +158,10 @@ async fn execute(
         .metrics()
         .and_then(|metrics| metrics.sum_by_name("channel_rows"))
         .map_or(0, |rows| rows.as_usize() as u64);
-    Ok(rows)
+    let plan_metrics = DisplayableExecutionPlan::with_metrics(task_plan.as_ref())
+        .indent(true)
+        .to_string();
+    Ok(Executed { rows, plan_metrics })
 }
 
 /// The task context of a decoded attempt: the session's settings with the distributed ones on top,

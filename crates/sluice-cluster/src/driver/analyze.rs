@@ -1,0 +1,137 @@
+//! `EXPLAIN ANALYZE` across stages: the final stage's `AnalyzeExec` only sees its own stage, so the
+//! driver adds one row per earlier stage, built from its tasks' final reports.
+//!
+//! ```text
+//!  task reports (rows, wall time, plan with metrics) ─► per stage: tasks, rows, median / max time,
+//!                                                        the slowest task's plan with its metrics
+//!  AnalyzeExec rows ("Plan with Metrics", …) ─► then "Stage 0", "Stage 1", … rows, same two columns
+//! ```
+//!
+//! Pure code: the actor collects the reports, the output forwarder appends the batch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::physical_plan::analyze::AnalyzeExec;
+use sluice_planner::{JobGraph, StageId, TaskId};
+
+/// What a succeeded task attempt reported besides its rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TaskMetrics {
+    /// Wall time of the attempt.
+    pub elapsed_ms: u64,
+    /// The task's plan rendered with its metrics.
+    pub plan: String,
+}
+
+/// One `EXPLAIN ANALYZE` row for a stage other than the final one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StageReport {
+    /// `Stage N`.
+    pub title: String,
+    /// The summary line and the slowest task's plan with metrics.
+    pub text: String,
+}
+
+/// Whether the job is an `EXPLAIN ANALYZE` (its final stage's root is `AnalyzeExec`).
+pub(crate) fn is_analyze(graph: &JobGraph) -> bool {
+    graph
+        .stage(graph.final_stage())
+        .is_some_and(|stage| stage.plan.downcast_ref::<AnalyzeExec>().is_some())
+}
+
+/// A report for every stage but the final one, in stage order.
+pub(crate) fn stage_reports(
+    graph: &JobGraph,
+    rows: &HashMap<TaskId, u64>,
+    metrics: &HashMap<TaskId, TaskMetrics>,
+) -> Vec<StageReport> {
+    let last = graph.final_stage();
+    graph
+        .stages()
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| StageId(*index) != last)
+        .map(|(index, stage)| {
+            let tasks: Vec<TaskId> = (0..stage.partitions())
+                .map(|partition| TaskId {
+                    stage: StageId(index),
+                    partition,
+                })
+                .collect();
+            let written: u64 = tasks.iter().filter_map(|task| rows.get(task)).sum();
+            let mut times: Vec<(u64, usize)> = tasks
+                .iter()
+                .filter_map(|task| metrics.get(task).map(|m| (m.elapsed_ms, task.partition)))
+                .collect();
+            times.sort_unstable();
+            let summary = match (times.get(times.len() / 2), times.last()) {
+                (Some((median, _)), Some((max, slowest))) => format!(
+                    "{} tasks, {written} rows written; task time median {median} ms, max {max} ms \
+                     (partition {slowest}, shown below)",
+                    tasks.len()
+                ),
+                _ => format!("{} tasks, {written} rows written", tasks.len()),
+            };
+            let plan = times
+                .last()
+                .and_then(|(_, partition)| {
+                    metrics.get(&TaskId {
+                        stage: StageId(index),
+                        partition: *partition,
+                    })
+                })
+                .map_or("", |m| m.plan.as_str());
+            StageReport {
+                title: format!("Stage {index}"),
+                text: format!("{summary}\n{plan}"),
+            }
+        })
+        .collect()
+}
+
+/// The reports as a batch of `schema` (`AnalyzeExec`'s two string columns), or `None` if the schema
+/// is not that.
+pub(crate) fn report_batch(schema: &SchemaRef, reports: &[StageReport]) -> Option<RecordBatch> {
+    let strings = schema.fields().len() == 2
+        && schema
+            .fields()
+            .iter()
+            .all(|f| f.data_type() == &DataType::Utf8);
+    if reports.is_empty() || !strings {
+        return None;
+    }
+    let titles: ArrayRef = Arc::new(StringArray::from_iter_values(
+        reports.iter().map(|r| r.title.as_str()),
+    ));
+    let texts: ArrayRef = Arc::new(StringArray::from_iter_values(
+        reports.iter().map(|r| r.text.as_str()),
+    ));
+    RecordBatch::try_new(schema.clone(), vec![titles, texts]).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn a_batch_only_for_two_string_columns() {
+        let reports = vec![StageReport {
+            title: "Stage 0".into(),
+            text: "2 tasks".into(),
+        }];
+        let analyze = Arc::new(Schema::new(vec![
+            Field::new("plan_type", DataType::Utf8, false),
+            Field::new("plan", DataType::Utf8, false),
+        ]));
+        let batch = report_batch(&(analyze.clone() as SchemaRef), &reports).unwrap();
+        assert_eq!(batch.num_rows(), 1);
+        assert!(report_batch(&(analyze as SchemaRef), &[]).is_none());
+        let other: SchemaRef = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        assert!(report_batch(&other, &reports).is_none());
+    }
+}
