@@ -38,15 +38,6 @@ pub(crate) trait ColumnBuilder: Send {
     fn finish(&mut self, capacity: usize) -> ArrayRef;
 }
 
-/// `values` with its spare capacity given back when it uses less than half of it: a channel's last,
-/// partial batch would otherwise hold (and count in memory accounting) a whole batch's allocation.
-pub(crate) fn trimmed<T>(mut values: Vec<T>) -> Vec<T> {
-    if values.len() < values.capacity() / 2 {
-        values.shrink_to_fit();
-    }
-    values
-}
-
 /// Appends the validity of `rows` of a column whose null buffer is `nulls`.
 pub(crate) fn gather_nulls(
     builder: &mut NullBufferBuilder,
@@ -84,10 +75,7 @@ impl<T: ArrowPrimitiveType> ColumnBuilder for PrimitiveBuilder<T> {
     }
 
     fn finish(&mut self, capacity: usize) -> ArrayRef {
-        let values = trimmed(std::mem::replace(
-            &mut self.values,
-            Vec::with_capacity(capacity),
-        ));
+        let values = std::mem::replace(&mut self.values, Vec::with_capacity(capacity));
         let nulls = self.nulls.finish();
         Arc::new(
             PrimitiveArray::<T>::new(values.into(), nulls).with_data_type(self.data_type.clone()),

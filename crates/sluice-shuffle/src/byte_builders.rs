@@ -25,7 +25,7 @@ use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion_common::{DataFusionError, Result};
 
-use crate::builders::{ColumnBuilder, gather_nulls, trimmed};
+use crate::builders::{ColumnBuilder, gather_nulls};
 
 /// Longest value stored inside its view.
 const MAX_INLINE_LEN: u32 = 12;
@@ -144,13 +144,9 @@ impl<T: ByteArrayType> ColumnBuilder for OffsetBytesBuilder<T> {
         // The next batch likely needs about as many bytes as this one; an eighth more spares it a
         // reallocation (and the copy that comes with it) when it needs a little more.
         let next = Vec::with_capacity(self.values.len() + self.values.len() / 8 + COPY_SLACK);
-        let values = trimmed(std::mem::replace(&mut self.values, next));
+        let values = std::mem::replace(&mut self.values, next);
         let nulls = self.nulls.finish();
-        build_offset_array::<T>(
-            ScalarBuffer::from(trimmed(offsets)),
-            Buffer::from_vec(values),
-            nulls,
-        )
+        build_offset_array::<T>(ScalarBuffer::from(offsets), Buffer::from_vec(values), nulls)
     }
 }
 
@@ -218,7 +214,7 @@ impl ViewBlocks {
         if self.used > 0 {
             let mut full = std::mem::take(&mut self.current);
             commit(&mut full, self.used);
-            self.closed.push(Buffer::from_vec(trimmed(full)));
+            self.closed.push(Buffer::from_vec(full));
         }
         self.current = Vec::new();
         self.used = 0;
@@ -315,10 +311,7 @@ impl<T: ByteViewType> ColumnBuilder for ViewBytesBuilder<T> {
 
     fn finish(&mut self, capacity: usize) -> ArrayRef {
         let blocks = self.blocks.finish();
-        let views = trimmed(std::mem::replace(
-            &mut self.views,
-            Vec::with_capacity(capacity),
-        ));
+        let views = std::mem::replace(&mut self.views, Vec::with_capacity(capacity));
         let nulls = self.nulls.finish();
         build_view_array::<T>(ScalarBuffer::from(views), blocks, nulls)
     }
