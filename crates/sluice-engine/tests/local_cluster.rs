@@ -180,14 +180,11 @@ async fn dropping_the_output_stops_every_task_and_frees_every_stream() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explain_analyze_shows_every_stage_with_its_metrics() {
-    let runner = cluster_runner(2, None);
-    let cluster = session(ExecutionMode::LocalCluster, Some(runner.clone())).await;
+async fn assert_explain_analyze_shows_every_stage(session: &SluiceSession) {
     let sql = "EXPLAIN ANALYZE SELECT o_orderpriority, count(*) FROM orders \
                JOIN lineitem ON l_orderkey = o_orderkey GROUP BY o_orderpriority";
-    let (graph, _) = cluster.job_graph(sql).await.unwrap();
-    let outputs = cluster.run_sql(sql).await.unwrap();
+    let (graph, _) = session.job_graph(sql).await.unwrap();
+    let outputs = session.run_sql(sql).await.unwrap();
     let batches = &outputs.last().unwrap().batches;
     let text = arrow::util::pretty::pretty_format_batches(batches)
         .unwrap()
@@ -201,5 +198,14 @@ async fn explain_analyze_shows_every_stage_with_its_metrics() {
     assert!(text.contains("rows written; task time median"), "{text}");
     assert!(text.contains("ShuffleWriterExec"), "{text}");
     assert!(text.contains("channel_rows="), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_every_stage_with_its_metrics() {
+    let runner = cluster_runner(2, None);
+    let cluster = session(ExecutionMode::LocalCluster, Some(runner.clone())).await;
+    assert_explain_analyze_shows_every_stage(&cluster).await;
     assert!(wait_idle(&runner).await.is_idle());
+    let graph = session(ExecutionMode::LocalGraph, None).await;
+    assert_explain_analyze_shows_every_stage(&graph).await;
 }

@@ -16,10 +16,13 @@
 //! Invariants: nothing runs before the output stream is first polled; dropping the stream aborts the
 //! driver loop and every task (all are owned by `JoinSet`s); the first task failure fails the job with
 //! an error naming the stage and partition; the stream ends only after every task finished, so a
-//! failure anywhere is never hidden behind a complete-looking output.
+//! failure anywhere is never hidden behind a complete-looking output. For `EXPLAIN ANALYZE`, a row per
+//! earlier stage follows the final stage's output (`crate::analyze`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use datafusion::common::runtime::JoinSet;
 use datafusion::common::{DataFusionError, Result, internal_err};
@@ -28,6 +31,11 @@ use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchSt
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_planner::{InputKey, JobGraph, JobTopology, StageId, TaskId, TaskPlacement};
 
+use tokio::sync::oneshot;
+
+use crate::analyze::{
+    StageReport, TaskMetrics, executed_task, is_analyze, report_batch, stage_reports,
+};
 use crate::codec::{decode_stage_plan, encode_stage_plan};
 
 use crate::stream_store::{JobId, StreamStore, TaskStreams};
@@ -106,17 +114,28 @@ fn start_job(
 
     let mut builder = RecordBatchReceiverStream::builder(graph.schema().clone(), 2);
     let tx = builder.tx();
+    let schema = graph.schema().clone();
+    let (reports_tx, reports) = oneshot::channel::<Vec<StageReport>>();
     builder.spawn(async move {
         let mut output = stream::select_all(outputs);
         while let Some(batch) = output.next().await {
             if tx.send(batch).await.is_err() {
-                break;
+                return Ok(());
             }
+        }
+        // EXPLAIN ANALYZE: the earlier stages' rows follow the final stage's, once every task ended
+        // (a failed job drops the sender, and its error ends the stream instead).
+        if let Ok(reports) = reports.await
+            && let Some(batch) = report_batch(&schema, &reports)
+        {
+            let _ = tx.send(Ok(batch)).await;
         }
         Ok(())
     });
     let stages = Arc::new(JobStages { graph, wire });
-    builder.spawn(run_regions(job, stages, topology, store, context));
+    builder.spawn(run_regions(
+        job, stages, topology, store, context, reports_tx,
+    ));
     Ok(builder.build())
 }
 
@@ -152,7 +171,7 @@ async fn run_task(
     task: TaskId,
     store: Arc<StreamStore>,
     context: Arc<TaskContext>,
-) -> Result<()> {
+) -> Result<(u64, TaskMetrics)> {
     let graph = &stages.graph;
     // Worker stages run from their wire form, exactly as a remote worker decodes them.
     let stage_plan = match stages.wire.get(task.stage.0) {
@@ -163,12 +182,14 @@ async fn run_task(
             .ok_or_else(|| DataFusionError::Internal(format!("no stage {}", task.stage)))?,
     };
     let streams: Arc<dyn TaskStreams> = store;
+    let started = Instant::now();
     let plan = prepare_task(graph, task.stage, stage_plan, task.partition, &streams)?;
     let mut stream = plan.execute(task.partition, context)?;
     while let Some(batch) = stream.next().await {
         batch?;
     }
-    Ok(())
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    Ok(executed_task(&plan, elapsed_ms))
 }
 
 /// The driver loop: schedules regions in dependency order and waits for their tasks.
@@ -178,9 +199,12 @@ async fn run_regions(
     topology: JobTopology,
     store: Arc<StreamStore>,
     context: Arc<TaskContext>,
+    reports: oneshot::Sender<Vec<StageReport>>,
 ) -> Result<()> {
     let graph = &stages.graph;
     let regions = topology.regions();
+    let mut rows = HashMap::new();
+    let mut metrics = HashMap::new();
     let mut started = vec![false; regions.len()];
     let mut remaining: Vec<usize> = regions.iter().map(|r| r.tasks.len()).collect();
     let mut stage_remaining: Vec<usize> = graph.stages().iter().map(|s| s.partitions()).collect();
@@ -202,6 +226,9 @@ async fn run_regions(
             }
         }
         if remaining.iter().all(|r| *r == 0) {
+            if is_analyze(graph) {
+                let _ = reports.send(stage_reports(graph, &rows, &metrics));
+            }
             return Ok(());
         }
         let Some(joined) = tasks.join_next().await else {
@@ -210,12 +237,14 @@ async fn run_regions(
         let (region, task, result) = joined.map_err(|e| {
             DataFusionError::Execution(format!("job {job}: a task panicked or was aborted: {e}"))
         })?;
-        result.map_err(|e| {
+        let (written, reported) = result.map_err(|e| {
             e.context(format!(
                 "job {job} stage {} partition {}",
                 task.stage, task.partition
             ))
         })?;
+        rows.insert(task, written);
+        metrics.insert(task, reported);
         remaining[region] -= 1;
         stage_remaining[task.stage.0] -= 1;
         if stage_remaining[task.stage.0] == 0 {

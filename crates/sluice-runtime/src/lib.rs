@@ -13,8 +13,9 @@
 //! This crate is the in-process path: the distributed runtime reuses task preparation, the writer and
 //! reader nodes and the stream store, and adds RPC and Arrow Flight around them. `scheduler` is the
 //! driver's pure state machine (events in, actions out) that the cluster runtime's driver actor will
-//! wrap.
+//! wrap; `analyze` builds the per-stage rows `EXPLAIN ANALYZE` adds in every distributed mode.
 
+pub mod analyze;
 pub mod codec;
 pub mod executor;
 pub mod plan;

@@ -18,12 +18,12 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use prost::Message;
 use sluice_planner::{InputMode, JobGraph, OutputMode, RegionId, StageId, TaskId, TaskPlacement};
 use sluice_runtime::JobId;
+use sluice_runtime::analyze::{TaskMetrics, is_analyze, stage_reports};
 use sluice_runtime::scheduler::{JobScheduler, SchedulerAction, TaskAttempt, TaskStatus};
 use sluice_runtime::task_inputs;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use super::analyze::{TaskMetrics, is_analyze, stage_reports};
 use super::output::OutputCommand;
 use super::placement::{Location, Placement, PlacementView, place};
 use super::shipping::{ShippedStage, ship_stages};

@@ -14,7 +14,6 @@
 //! output was read, it failed, or its caller went away.
 
 mod actor;
-mod analyze;
 mod output;
 mod placement;
 mod shipping;

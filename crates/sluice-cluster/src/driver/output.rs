@@ -14,7 +14,7 @@
 //! replaced are dropped unread. The stream ends only after the scheduler reported success and every
 //! approved stream ended; a read error surfaces then (or the job's own error if it failed). For
 //! `EXPLAIN ANALYZE`, one more batch follows the final stage's: a row per earlier stage
-//! (`super::analyze`). Dropping the stream cancels the job.
+//! (`sluice_runtime::analyze`). Dropping the stream cancels the job.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -27,10 +27,10 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_planner::JobGraph;
 use sluice_runtime::JobId;
+use sluice_runtime::analyze::{StageReport, report_batch};
 use sluice_runtime::scheduler::TaskAttempt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::analyze::{StageReport, report_batch};
 use super::{DriverEvent, Submission, driver_gone};
 use crate::flight::FlightClients;
 use crate::wire::StreamId;

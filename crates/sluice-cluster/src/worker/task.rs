@@ -25,11 +25,11 @@ use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::SessionConfig;
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_planner::{InputKey, StageId, StageInputExec};
+use sluice_runtime::analyze::executed_task;
 use sluice_runtime::codec::decode_stage_plan;
 use sluice_runtime::{TaskInput, TaskSender, TaskStreams, assemble_task, receiver_stream};
 use tokio::sync::oneshot;
@@ -154,14 +154,11 @@ async fn execute(
     while let Some(batch) = output.next().await {
         batch?;
     }
-    let rows = task_plan
-        .metrics()
-        .and_then(|metrics| metrics.sum_by_name("channel_rows"))
-        .map_or(0, |rows| rows.as_usize() as u64);
-    let plan_metrics = DisplayableExecutionPlan::with_metrics(task_plan.as_ref())
-        .indent(true)
-        .to_string();
-    Ok(Executed { rows, plan_metrics })
+    let (rows, metrics) = executed_task(&task_plan, 0);
+    Ok(Executed {
+        rows,
+        plan_metrics: metrics.plan,
+    })
 }
 
 /// The task context of a decoded attempt: the session's settings with the distributed ones on top,

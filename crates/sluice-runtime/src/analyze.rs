@@ -1,5 +1,6 @@
 //! `EXPLAIN ANALYZE` across stages: the final stage's `AnalyzeExec` only sees its own stage, so the
-//! driver adds one row per earlier stage, built from its tasks' final reports.
+//! driver (the cluster's, or the in-process executor) adds one row per earlier stage, built from what
+//! its tasks reported.
 //!
 //! ```text
 //!  task reports (rows, wall time, plan with metrics) ─► per stage: tasks, rows, median / max time,
@@ -7,19 +8,22 @@
 //!  AnalyzeExec rows ("Plan with Metrics", …) ─► then "Stage 0", "Stage 1", … rows, same two columns
 //! ```
 //!
-//! Pure code: the actor collects the reports, the output forwarder appends the batch.
+//! Pure code: whoever runs the tasks collects their reports; whoever forwards the job output appends
+//! the batch after the final stage's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::analyze::AnalyzeExec;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use sluice_planner::{JobGraph, StageId, TaskId};
 
 /// What a succeeded task attempt reported besides its rows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct TaskMetrics {
+pub struct TaskMetrics {
     /// Wall time of the attempt.
     pub elapsed_ms: u64,
     /// The task's plan rendered with its metrics.
@@ -28,22 +32,41 @@ pub(crate) struct TaskMetrics {
 
 /// One `EXPLAIN ANALYZE` row for a stage other than the final one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StageReport {
+pub struct StageReport {
     /// `Stage N`.
     pub title: String,
     /// The summary line and the slowest task's plan with metrics.
     pub text: String,
 }
 
+/// What an executed task plan reports: the rows its shuffle writer sent (0 without one) and the plan
+/// rendered with its metrics, as `EXPLAIN ANALYZE` shows a plan.
+pub fn executed_task(plan: &Arc<dyn ExecutionPlan>, elapsed_ms: u64) -> (u64, TaskMetrics) {
+    let rows = plan
+        .metrics()
+        .and_then(|metrics| metrics.sum_by_name("channel_rows"))
+        .map_or(0, |rows| rows.as_usize() as u64);
+    let rendered = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+        .indent(true)
+        .to_string();
+    (
+        rows,
+        TaskMetrics {
+            elapsed_ms,
+            plan: rendered,
+        },
+    )
+}
+
 /// Whether the job is an `EXPLAIN ANALYZE` (its final stage's root is `AnalyzeExec`).
-pub(crate) fn is_analyze(graph: &JobGraph) -> bool {
+pub fn is_analyze(graph: &JobGraph) -> bool {
     graph
         .stage(graph.final_stage())
         .is_some_and(|stage| stage.plan.downcast_ref::<AnalyzeExec>().is_some())
 }
 
 /// A report for every stage but the final one, in stage order.
-pub(crate) fn stage_reports(
+pub fn stage_reports(
     graph: &JobGraph,
     rows: &HashMap<TaskId, u64>,
     metrics: &HashMap<TaskId, TaskMetrics>,
@@ -94,7 +117,7 @@ pub(crate) fn stage_reports(
 
 /// The reports as a batch of `schema` (`AnalyzeExec`'s two string columns), or `None` if the schema
 /// is not that.
-pub(crate) fn report_batch(schema: &SchemaRef, reports: &[StageReport]) -> Option<RecordBatch> {
+pub fn report_batch(schema: &SchemaRef, reports: &[StageReport]) -> Option<RecordBatch> {
     let strings = schema.fields().len() == 2
         && schema
             .fields()
