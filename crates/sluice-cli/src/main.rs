@@ -116,11 +116,25 @@ fn parse_workers_flag(text: &str) -> Result<usize, String> {
     sluice_engine::config::parse_workers(text)
 }
 
+/// Prints a command-line parsing outcome. `--help` and `--version` succeed; a bad flag or value exits
+/// with 1 like every other bad input (clap's own default is 2).
+fn usage_error(error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let _ = error.print();
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    }
+}
+
 /// Exit code for a query stopped by Ctrl-C (128 + SIGINT), as shells expect.
 const EXIT_CANCELLED: u8 = 130;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

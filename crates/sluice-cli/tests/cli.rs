@@ -368,6 +368,24 @@ fn bad_tpch_arguments_are_clear_errors() {
 }
 
 #[test]
+fn bad_flag_values_exit_1_like_other_bad_input() {
+    for args in [
+        &["--workers", "0", "config"][..],
+        &["--mode", "cluster-of-dreams", "config"],
+        &["--flight-compression", "gzip", "config"],
+        &["config", "--no-such-flag"],
+    ] {
+        let output = run(args);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let help = run(&["--help"]);
+    assert!(help.status.success());
+}
+
+#[test]
 fn unknown_config_keys_are_clear_errors() {
     assert_clear_error(
         &["config", "--set", "datafusion.execution.no_such_key=1"],
