@@ -21,12 +21,14 @@ use datafusion::physical_plan::analyze::AnalyzeExec;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use sluice_planner::{JobGraph, StageId, TaskId};
 
-/// What a succeeded task attempt reported besides its rows.
+/// What a succeeded task attempt reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskMetrics {
+    /// Rows its shuffle writer sent (0 without one).
+    pub rows: u64,
     /// Wall time of the attempt.
     pub elapsed_ms: u64,
-    /// The task's plan rendered with its metrics.
+    /// The task's plan rendered with its metrics (empty unless asked for, see [`executed_task`]).
     pub plan: String,
 }
 
@@ -39,23 +41,29 @@ pub struct StageReport {
     pub text: String,
 }
 
-/// What an executed task plan reports: the rows its shuffle writer sent (0 without one) and the plan
-/// rendered with its metrics, as `EXPLAIN ANALYZE` shows a plan.
-pub fn executed_task(plan: &Arc<dyn ExecutionPlan>, elapsed_ms: u64) -> (u64, TaskMetrics) {
+/// What an executed task plan reports. Rendering the plan costs a pass over it and a few KiB per
+/// report, so it happens only when `with_plan` (the job is an `EXPLAIN ANALYZE`).
+pub fn executed_task(
+    plan: &Arc<dyn ExecutionPlan>,
+    elapsed_ms: u64,
+    with_plan: bool,
+) -> TaskMetrics {
     let rows = plan
         .metrics()
         .and_then(|metrics| metrics.sum_by_name("channel_rows"))
         .map_or(0, |rows| rows.as_usize() as u64);
-    let rendered = DisplayableExecutionPlan::with_metrics(plan.as_ref())
-        .indent(true)
-        .to_string();
-    (
+    let plan = if with_plan {
+        DisplayableExecutionPlan::with_metrics(plan.as_ref())
+            .indent(true)
+            .to_string()
+    } else {
+        String::new()
+    };
+    TaskMetrics {
         rows,
-        TaskMetrics {
-            elapsed_ms,
-            plan: rendered,
-        },
-    )
+        elapsed_ms,
+        plan,
+    }
 }
 
 /// Whether the job is an `EXPLAIN ANALYZE` (its final stage's root is `AnalyzeExec`).
@@ -66,11 +74,7 @@ pub fn is_analyze(graph: &JobGraph) -> bool {
 }
 
 /// A report for every stage but the final one, in stage order.
-pub fn stage_reports(
-    graph: &JobGraph,
-    rows: &HashMap<TaskId, u64>,
-    metrics: &HashMap<TaskId, TaskMetrics>,
-) -> Vec<StageReport> {
+pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -> Vec<StageReport> {
     let last = graph.final_stage();
     graph
         .stages()
@@ -84,7 +88,11 @@ pub fn stage_reports(
                     partition,
                 })
                 .collect();
-            let written: u64 = tasks.iter().filter_map(|task| rows.get(task)).sum();
+            let written: u64 = tasks
+                .iter()
+                .filter_map(|task| metrics.get(task))
+                .map(|m| m.rows)
+                .sum();
             let mut times: Vec<(u64, usize)> = tasks
                 .iter()
                 .filter_map(|task| metrics.get(task).map(|m| (m.elapsed_ms, task.partition)))

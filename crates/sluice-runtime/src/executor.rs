@@ -132,7 +132,12 @@ fn start_job(
         }
         Ok(())
     });
-    let stages = Arc::new(JobStages { graph, wire });
+    let analyze = is_analyze(&graph);
+    let stages = Arc::new(JobStages {
+        graph,
+        wire,
+        analyze,
+    });
     builder.spawn(run_regions(
         job, stages, topology, store, context, reports_tx,
     ));
@@ -144,6 +149,8 @@ fn start_job(
 struct JobStages {
     graph: JobGraph,
     wire: Vec<Option<bytes::Bytes>>,
+    /// The job is an `EXPLAIN ANALYZE`: tasks render their plans with metrics.
+    analyze: bool,
 }
 
 /// Encodes every worker-placed stage plan; a node without a wire form fails the job here, before any
@@ -171,7 +178,7 @@ async fn run_task(
     task: TaskId,
     store: Arc<StreamStore>,
     context: Arc<TaskContext>,
-) -> Result<(u64, TaskMetrics)> {
+) -> Result<TaskMetrics> {
     let graph = &stages.graph;
     // Worker stages run from their wire form, exactly as a remote worker decodes them.
     let stage_plan = match stages.wire.get(task.stage.0) {
@@ -189,7 +196,7 @@ async fn run_task(
         batch?;
     }
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    Ok(executed_task(&plan, elapsed_ms))
+    Ok(executed_task(&plan, elapsed_ms, stages.analyze))
 }
 
 /// The driver loop: schedules regions in dependency order and waits for their tasks.
@@ -203,7 +210,6 @@ async fn run_regions(
 ) -> Result<()> {
     let graph = &stages.graph;
     let regions = topology.regions();
-    let mut rows = HashMap::new();
     let mut metrics = HashMap::new();
     let mut started = vec![false; regions.len()];
     let mut remaining: Vec<usize> = regions.iter().map(|r| r.tasks.len()).collect();
@@ -226,8 +232,8 @@ async fn run_regions(
             }
         }
         if remaining.iter().all(|r| *r == 0) {
-            if is_analyze(graph) {
-                let _ = reports.send(stage_reports(graph, &rows, &metrics));
+            if stages.analyze {
+                let _ = reports.send(stage_reports(graph, &metrics));
             }
             return Ok(());
         }
@@ -237,13 +243,12 @@ async fn run_regions(
         let (region, task, result) = joined.map_err(|e| {
             DataFusionError::Execution(format!("job {job}: a task panicked or was aborted: {e}"))
         })?;
-        let (written, reported) = result.map_err(|e| {
+        let reported = result.map_err(|e| {
             e.context(format!(
                 "job {job} stage {} partition {}",
                 task.stage, task.partition
             ))
         })?;
-        rows.insert(task, written);
         metrics.insert(task, reported);
         remaining[region] -= 1;
         stage_remaining[task.stage.0] -= 1;

@@ -56,10 +56,11 @@ struct JobEntry {
     locations: HashMap<TaskId, (Location, usize)>,
     /// Tasks whose latest attempt succeeded.
     done: std::collections::HashSet<TaskId>,
-    /// Rows written by each task's succeeded attempt.
-    rows: HashMap<TaskId, u64>,
-    /// Wall time and plan-with-metrics of each task's succeeded attempt (for `EXPLAIN ANALYZE`).
-    metrics: HashMap<TaskId, TaskMetrics>,
+    /// What each task's succeeded attempt reported: rows written, wall time and (for
+    /// `EXPLAIN ANALYZE`) its plan with metrics.
+    reports: HashMap<TaskId, TaskMetrics>,
+    /// The job is an `EXPLAIN ANALYZE`: tasks report their plans with metrics.
+    analyze: bool,
     /// Final-stage attempts announced to the output.
     announced: HashMap<TaskId, usize>,
     output: mpsc::UnboundedSender<OutputCommand>,
@@ -232,10 +233,10 @@ impl DriverActor {
                                 .count(),
                             done: entry.done.iter().filter(|t| of_stage(t)).count(),
                             rows: entry
-                                .rows
+                                .reports
                                 .iter()
                                 .filter(|(t, _)| of_stage(t) && entry.done.contains(t))
-                                .map(|(_, rows)| *rows)
+                                .map(|(_, report)| report.rows)
                                 .sum(),
                         }
                     })
@@ -296,6 +297,7 @@ impl DriverActor {
             MemoryLimit::Finite(bytes) => bytes as u64,
             _ => 0,
         };
+        let analyze = is_analyze(&graph);
         let (job, actions) = match self.scheduler.accept_job(graph.clone()) {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -313,8 +315,8 @@ impl DriverActor {
                 memory_limit,
                 locations: HashMap::new(),
                 done: std::collections::HashSet::new(),
-                rows: HashMap::new(),
-                metrics: HashMap::new(),
+                reports: HashMap::new(),
+                analyze,
                 announced: HashMap::new(),
                 output,
                 succeeded: false,
@@ -344,10 +346,10 @@ impl DriverActor {
         }
         if status == TaskStatus::Succeeded {
             if let Some(entry) = self.jobs.get_mut(&job) {
-                entry.rows.insert(attempt.task, report.output_rows);
-                entry.metrics.insert(
+                entry.reports.insert(
                     attempt.task,
                     TaskMetrics {
+                        rows: report.output_rows,
                         elapsed_ms: report.elapsed_ms,
                         plan: report.plan_metrics.clone(),
                     },
@@ -440,8 +442,8 @@ impl DriverActor {
                 SchedulerAction::JobSucceeded { job } => {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.succeeded = true;
-                        let stages = if is_analyze(&entry.graph) {
-                            stage_reports(&entry.graph, &entry.rows, &entry.metrics)
+                        let stages = if entry.analyze {
+                            stage_reports(&entry.graph, &entry.reports)
                         } else {
                             Vec::new()
                         };
@@ -662,6 +664,7 @@ impl DriverActor {
             blocking: stage.mode == OutputMode::Blocking,
             config: entry.config.clone(),
             memory_limit: entry.memory_limit,
+            report_plan_metrics: entry.analyze,
         })
     }
 

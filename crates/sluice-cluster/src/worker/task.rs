@@ -29,7 +29,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::SessionConfig;
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_planner::{InputKey, StageId, StageInputExec};
-use sluice_runtime::analyze::executed_task;
+use sluice_runtime::analyze::{TaskMetrics, executed_task};
 use sluice_runtime::codec::decode_stage_plan;
 use sluice_runtime::{TaskInput, TaskSender, TaskStreams, assemble_task, receiver_stream};
 use tokio::sync::oneshot;
@@ -60,7 +60,7 @@ pub(super) async fn run_attempt(
         result = execute(&shared, definition, local) => Some(result),
         _ = stopped => None,
     };
-    let mut done = Executed::default();
+    let mut done = TaskMetrics::default();
     let (state, error) = match outcome {
         Some(Ok(executed)) => {
             done = executed;
@@ -79,17 +79,8 @@ pub(super) async fn run_attempt(
     let mut last = report(&shared, key, 2, state, error);
     last.output_rows = done.rows;
     last.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    last.plan_metrics = done.plan_metrics;
+    last.plan_metrics = done.plan;
     shared.report(last).await;
-}
-
-/// What a succeeded attempt reports besides its state.
-#[derive(Debug, Default)]
-struct Executed {
-    /// Rows written to the output channels.
-    rows: u64,
-    /// The task's plan with its metrics, rendered as `EXPLAIN ANALYZE` shows a plan.
-    plan_metrics: String,
 }
 
 fn report(
@@ -118,8 +109,9 @@ async fn execute(
     shared: &Arc<WorkerShared>,
     definition: proto::TaskDefinition,
     local: Option<LocalPlan>,
-) -> Result<Executed> {
+) -> Result<TaskMetrics> {
     let key = AttemptKey::of_definition(&definition);
+    let with_plan = definition.report_plan_metrics;
     if let Some(fault) = &shared.options.fault {
         let attempt = TaskAttemptRef {
             job: key.job.0,
@@ -154,11 +146,8 @@ async fn execute(
     while let Some(batch) = output.next().await {
         batch?;
     }
-    let (rows, metrics) = executed_task(&task_plan, 0);
-    Ok(Executed {
-        rows,
-        plan_metrics: metrics.plan,
-    })
+    // The wall time is measured by the caller, around the whole attempt.
+    Ok(executed_task(&task_plan, 0, with_plan))
 }
 
 /// The task context of a decoded attempt: the session's settings with the distributed ones on top,
