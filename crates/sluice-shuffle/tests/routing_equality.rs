@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryArray, BinaryViewArray, DictionaryArray, Int32Array, Int64Array,
-    LargeStringArray, RecordBatch, StringArray, StringViewArray,
+    ArrayRef, BinaryArray, DictionaryArray, Int32Array, Int64Array, LargeStringArray, RecordBatch,
+    StringArray, StringViewArray,
 };
 use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
@@ -80,26 +80,26 @@ fn column(kind: Kind, values: &[Option<u8>]) -> (DataType, ArrayRef) {
             DataType::LargeUtf8,
             Arc::new(values.iter().map(varied).collect::<LargeStringArray>()),
         ),
-        Kind::Binary => {
-            let bytes: Vec<Option<String>> = values.iter().map(varied).collect();
-            let array: BinaryArray = bytes
-                .iter()
-                .map(|v| v.as_deref().map(str::as_bytes))
-                .collect();
-            (DataType::Binary, Arc::new(array))
-        }
+        Kind::Binary => (
+            DataType::Binary,
+            Arc::new(BinaryArray::from(
+                values.iter().map(varied).collect::<StringArray>(),
+            )),
+        ),
         Kind::Utf8View => (
             DataType::Utf8View,
             Arc::new(values.iter().map(varied).collect::<StringViewArray>()),
         ),
-        Kind::BinaryView => {
-            let bytes: Vec<Option<String>> = values.iter().map(varied).collect();
-            let array: BinaryViewArray = bytes
-                .iter()
-                .map(|v| v.as_deref().map(str::as_bytes))
-                .collect();
-            (DataType::BinaryView, Arc::new(array))
-        }
+        Kind::BinaryView => (
+            DataType::BinaryView,
+            Arc::new(
+                values
+                    .iter()
+                    .map(varied)
+                    .collect::<StringViewArray>()
+                    .to_binary_view(),
+            ),
+        ),
         Kind::Dictionary => {
             let strings: Vec<Option<String>> = values.iter().map(text).collect();
             let array: DictionaryArray<Int32Type> = strings.iter().map(|v| v.as_deref()).collect();
