@@ -8,6 +8,7 @@ mod cancel;
 mod commands;
 mod output;
 mod progress;
+mod runners;
 mod shell;
 
 /// mimalloc keeps freed batch buffers for reuse; glibc's allocator hands large ones back to the OS and
@@ -135,8 +136,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
     };
+    // The control runtime: the CLI, the driver actor, gRPC and Flight endpoints, Ctrl-C. Query work
+    // runs on the task runtime (sluice_runtime::task_runtime), so this one always answers.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_name("sluice-control")
         .build()
     {
         Ok(runtime) => runtime,
@@ -149,6 +153,8 @@ fn main() -> ExitCode {
         .global
         .load_config()
         .and_then(|config| commands::run(cli.command, config, &runtime));
+    // Do not wait for work still unwinding after a cancellation: the process is ending.
+    runtime.shutdown_background();
     match result {
         Ok(code) => code,
         Err(SluiceError::Cancelled) => {

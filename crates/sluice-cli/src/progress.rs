@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_engine::runner::JobRunner;
+use sluice_runtime::JobRunner;
 
 /// A bar over `len` steps, hidden when stderr is not a terminal.
 pub fn bar(len: u64, unit: &str) -> ProgressBar {

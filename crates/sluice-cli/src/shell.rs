@@ -66,7 +66,7 @@ pub fn run(session: &SluiceSession, runtime: &Runtime, format: OutputFormat) -> 
     eprintln!(
         "Sluice {} · {} mode · {} tables. End statements with ';', \\? for help, \\q to quit.",
         env!("CARGO_PKG_VERSION"),
-        session.runner().mode(),
+        session.runner().mode_name(),
         session.tables().len()
     );
     let mut buffer = String::new();

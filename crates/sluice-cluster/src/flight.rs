@@ -1,22 +1,21 @@
-//! The data plane: Arrow Flight between workers, and from workers to the driver.
+//! The data plane: Arrow Flight between workers, and from workers to the driver's job output.
 //!
 //! ```text
 //!   reader (consumer task or job output)            worker holding the stream
-//!     DoGet(ticket = TaskStreamKey) ───────────────► store.take(key) (waits for the task)
-//!     ◄── FlightData (Arrow IPC; lz4/zstd optional) ── channel receiver
-//!   driver, once every consumer of an attempt finished:
-//!     DoAction("release", TaskStreamKey) ──────────► store.release_unread(attempt)
+//!     DoGet(ticket = TaskStreamKey) ───────────────► store.take(stream) (waits for the task)
+//!     ◄── FlightData (Arrow IPC; lz4/zstd optional) ── the stream's receiver
+//!     ◄── or a status: code by error kind, the error in its details
 //! ```
 //!
-//! Invariants: a malformed or unknown ticket gets an error reply and the server keeps serving; when a
-//! reader drops its stream, the server drops the receiver, so the producer stops waiting for it;
-//! messages have no size limit (a batch may exceed gRPC's 4 MiB default).
+//! Invariants: a malformed or unknown ticket gets an error reply and the server keeps serving; a
+//! failed read reaches the reader with its kind (so a consumer's retry decision sees a transport
+//! failure as one); when a reader drops its stream, the server drops the receiver, so the producer
+//! stops waiting for it; messages have no size limit (a batch may exceed gRPC's 4 MiB default).
 
-use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
+use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
@@ -24,7 +23,6 @@ use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
-    decode::FlightRecordBatchStream,
 };
 use datafusion::arrow::array::{ArrayRef, AsArray, GenericByteViewArray, RecordBatch};
 use datafusion::arrow::buffer::Buffer;
@@ -37,45 +35,36 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, TryStreamExt, stream};
 use prost::Message;
-use tonic::transport::Channel;
+use sluice_planner::StreamId;
+use sluice_runtime::StreamStore;
+use sluice_runtime::transport::StreamFetcher;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::net::endpoint;
-use crate::store::WorkerStreamStore;
-use crate::wire::StreamId;
-
-/// The Flight action that drops the unread streams of a task attempt (body: a `TaskStreamKey`; its
-/// channel and replica are ignored).
-pub(crate) const RELEASE_ACTION: &str = "release";
+use crate::wire::{from_status, stream_from_ticket, stream_to_proto, to_status};
 
 type BoxedStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send + 'static>>;
 
 /// A worker's Flight service over its stream store.
 pub(crate) struct StreamFlightService {
-    store: Arc<WorkerStreamStore>,
-    read_timeout: Duration,
+    store: Arc<StreamStore>,
     compression: Option<CompressionType>,
 }
 
 impl StreamFlightService {
     pub fn new(
-        store: Arc<WorkerStreamStore>,
-        read_timeout: Duration,
+        store: Arc<StreamStore>,
         compression: Option<CompressionType>,
     ) -> FlightServiceServer<Self> {
-        FlightServiceServer::new(Self {
-            store,
-            read_timeout,
-            compression,
-        })
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX)
+        FlightServiceServer::new(Self { store, compression })
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
     }
 }
 
 fn unsupported<T>(what: &str) -> std::result::Result<T, Status> {
     Err(Status::unimplemented(format!(
-        "Sluice workers serve only DoGet and the '{RELEASE_ACTION}' action, not {what}"
+        "Sluice workers serve only DoGet of task streams, not {what}"
     )))
 }
 
@@ -128,16 +117,11 @@ impl FlightService for StreamFlightService {
         &self,
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
-        let id = StreamId::from_ticket(&request.into_inner().ticket)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let (schema, receiver) = self
-            .store
-            .take(id, self.read_timeout)
-            .await
-            .map_err(|e| Status::not_found(e.to_string()))?;
+        let id = stream_from_ticket(&request.into_inner().ticket).map_err(|e| to_status(&e))?;
+        let (schema, receiver) = self.store.take(id).await.map_err(|e| to_status(&e))?;
         let batches = sluice_runtime::receiver_stream(schema.clone(), receiver)
             .and_then(|batch| futures::future::ready(compact_views(batch)))
-            .map_err(|e| FlightError::ExternalError(Box::new(e)));
+            .map_err(|e| FlightError::Tonic(Box::new(to_status(&e))));
         let options = IpcWriteOptions::default()
             .try_with_compression(self.compression)
             .map_err(|e| Status::internal(e.to_string()))?;
@@ -145,7 +129,10 @@ impl FlightService for StreamFlightService {
             .with_schema(schema)
             .with_options(options)
             .build(batches)
-            .map_err(|e| Status::internal(e.to_string()));
+            .map_err(|e| match e {
+                FlightError::Tonic(status) => *status,
+                other => Status::internal(other.to_string()),
+            });
         Ok(Response::new(Box::pin(data)))
     }
 
@@ -165,30 +152,16 @@ impl FlightService for StreamFlightService {
 
     async fn do_action(
         &self,
-        request: Request<Action>,
+        _request: Request<Action>,
     ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
-        let action = request.into_inner();
-        if action.r#type != RELEASE_ACTION {
-            return unsupported(&format!("action '{}'", action.r#type));
-        }
-        let id = StreamId::from_ticket(&action.body)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.store
-            .release_unread(id.attempt_key())
-            .map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(Box::pin(stream::empty())))
+        unsupported("DoAction")
     }
 
     async fn list_actions(
         &self,
         _request: Request<Empty>,
     ) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
-        let release = ActionType {
-            r#type: RELEASE_ACTION.to_string(),
-            description: "drop the unread output streams of a task attempt (body: TaskStreamKey)"
-                .to_string(),
-        };
-        Ok(Response::new(Box::pin(stream::iter([Ok(release)]))))
+        Ok(Response::new(Box::pin(stream::empty())))
     }
 }
 
@@ -223,62 +196,36 @@ fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<
     (held > 2 * array.total_buffer_bytes_used() + 4096).then(|| Arc::new(array.gc()) as ArrayRef)
 }
 
-/// Flight clients by address, connected lazily and shared by every task of a process.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct FlightClients {
-    clients: Arc<Mutex<HashMap<String, FlightServiceClient<Channel>>>>,
-}
+/// Reads streams from other workers over Flight; one connection per stream.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FlightFetcher;
 
-impl FlightClients {
-    fn client(&self, address: &str) -> Result<FlightServiceClient<Channel>> {
-        let mut clients = self
-            .clients
-            .lock()
-            .map_err(|_| DataFusionError::Internal("Flight client cache poisoned".into()))?;
-        if let Some(client) = clients.get(address) {
-            return Ok(client.clone());
-        }
-        let channel = endpoint(address)?.connect_lazy();
-        let client = FlightServiceClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
-        clients.insert(address.to_string(), client.clone());
-        Ok(client)
-    }
-
-    fn fresh_client(&self, address: &str) -> Result<FlightServiceClient<Channel>> {
-        Ok(FlightServiceClient::new(endpoint(address)?.connect_lazy())
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX))
-    }
-
-    /// Stream `id` from the worker at `address` as a lazy record-batch stream of `schema`: it connects
-    /// on its first poll, and dropping it ends the read (the worker drops the stream).
-    pub fn read(
-        &self,
-        address: &str,
-        id: StreamId,
-        schema: SchemaRef,
-    ) -> SendableRecordBatchStream {
-        let clients = self.clone();
+impl StreamFetcher for FlightFetcher {
+    fn fetch(&self, address: &str, id: StreamId, schema: SchemaRef) -> SendableRecordBatchStream {
         let address = address.to_string();
         let read = async move {
             // One connection per stream: a stream its reader has not reached yet (a join's probe
             // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
             // streams the reader needs first.
-            let mut client = clients.fresh_client(&address)?;
+            let mut client = FlightServiceClient::new(endpoint(&address)?.connect_lazy())
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX);
             let ticket = Ticket {
-                ticket: id.to_proto()?.encode_to_vec().into(),
+                ticket: stream_to_proto(id)?.encode_to_vec().into(),
             };
+            let what = format!("reading {id} from {address}");
             let response = client
                 .do_get(ticket)
                 .await
-                .map_err(|status| read_error(&address, id, status.message()))?;
+                .map_err(|status| read_error(&status, &what))?;
             let data = response
                 .into_inner()
                 .map_err(|status| FlightError::Tonic(Box::new(status)));
-            let batches = FlightRecordBatchStream::new_from_flight_data(data)
-                .map_err(move |e| read_error(&address, id, &e.to_string()));
+            let batches =
+                FlightRecordBatchStream::new_from_flight_data(data).map_err(move |e| match e {
+                    FlightError::Tonic(status) => read_error(&status, &what),
+                    other => sluice_runtime::error::transport_error(format!("{what}: {other}")),
+                });
             Ok::<_, DataFusionError>(batches)
         };
         Box::pin(RecordBatchStreamAdapter::new(
@@ -286,31 +233,10 @@ impl FlightClients {
             stream::once(read).try_flatten(),
         ))
     }
-
-    /// Tells the worker at `address` that the unread streams of `id`'s task attempt will never be read.
-    pub async fn release(&self, address: &str, id: StreamId) -> Result<()> {
-        let mut client = self.client(address)?;
-        let action = Action {
-            r#type: RELEASE_ACTION.to_string(),
-            body: id.to_proto()?.encode_to_vec().into(),
-        };
-        let mut results = client
-            .do_action(action)
-            .await
-            .map_err(|status| read_error(address, id, status.message()))?
-            .into_inner();
-        while results
-            .message()
-            .await
-            .map_err(|status| read_error(address, id, status.message()))?
-            .is_some()
-        {}
-        Ok(())
-    }
 }
 
-fn read_error(address: &str, id: StreamId, message: &str) -> DataFusionError {
-    DataFusionError::Execution(format!("reading {id} from worker {address}: {message}"))
+fn read_error(status: &Status, what: &str) -> DataFusionError {
+    from_status(status, what).to_error()
 }
 
 #[cfg(test)]

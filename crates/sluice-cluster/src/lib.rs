@@ -1,36 +1,33 @@
-//! Sluice's distributed runtime: a driver that schedules a job graph's tasks on workers, workers that
-//! run them and keep their output streams, and the wire between them — tonic gRPC for control, Arrow
-//! Flight for data.
+//! Sluice's cluster transport: the runtime's driver and workers over the wire — tonic gRPC for
+//! control, Arrow Flight for data — and the local cluster that runs them on loopback.
 //!
 //! ```text
-//!   caller ─► LocalCluster::execute(JobGraph)
+//!   caller ─► LocalClusterRunner / LocalCluster::execute(JobGraph)
 //!               │
 //!               ▼
-//!   driver actor (JobScheduler shell) ──RunTask/StopTask/CleanUpJob (gRPC)──► worker 0..N
-//!     ▲   │                                                                     │ task: readers ─► plan ─► writer
-//!     │   └─ driver executor (driver-placed stages, same task code)            │ stream store (channels × replicas)
-//!     │                                                                         │
-//!     └──────────── ReportTaskStatus (gRPC) ◄───────────────────────────────────┘
-//!   job output ◄── Flight DoGet (final stage channels) ── worker stream stores ◄── Flight DoGet ── consumer tasks
+//!   ClusterDriver: runtime Driver ──GrpcWorkerClient: RunTask/StopTask/ReleaseOutput/CleanUpJob──►
+//!     ▲   DriverService + executor Flight                                     WorkerServer 1..N
+//!     │                                                                         runtime Worker
+//!     └──────────── ReportTaskStatus / Heartbeat (gRPC) ◄──────────────────────  WorkerService + Flight
+//!   job output ◄── FlightFetcher (final stage) ── worker stores ◄── FlightFetcher ── consumer tasks
 //! ```
 //!
-//! Modules: [`proto`] (generated messages and services), `wire` (task definitions to and from
-//! protobuf), `store` (a worker's stream store), `flight` (the data plane), `worker` (the task
-//! runner and `WorkerService`), `driver` (the `DriverService`, the scheduler shell, task placement
-//! and the job output), [`LocalCluster`] (a driver and N workers in one process on loopback).
+//! Modules: [`proto`] (generated messages and services), `wire` (runtime values to and from
+//! protobuf, error kinds to and from status codes), `client` (the driver's `WorkerClient` over
+//! gRPC), `flight` (the Flight service over a stream store and the `StreamFetcher` over Flight),
+//! `worker_server` and `driver_server` (the services), `net` (loopback listening and connecting),
+//! [`LocalCluster`] and [`LocalClusterRunner`].
 
 pub mod proto;
 
-mod driver;
+mod client;
+mod driver_server;
 mod flight;
 mod local_cluster;
 mod net;
-mod progress;
-mod store;
+mod runner;
 mod wire;
-mod worker;
+mod worker_server;
 
-pub use driver::{DriverOptions, DriverSnapshot};
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
-pub use progress::{JobProgress, StageProgress};
-pub use worker::{FaultHook, TaskAttemptRef, WorkerOptions};
+pub use runner::LocalClusterRunner;

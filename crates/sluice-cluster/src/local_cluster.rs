@@ -5,33 +5,31 @@
 //!
 //! Invariant: dropping the cluster stops every server, actor and task it started.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::common::runtime::SpawnedTask;
+use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::JobGraph;
+use sluice_runtime::{DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
+use std::sync::Arc;
 
-use crate::driver::{Driver, DriverOptions, RemoteReporter};
-use crate::net::endpoint;
-use crate::proto;
-use crate::proto::driver_service_client::DriverServiceClient;
-use crate::store::StoreCounts;
-use crate::worker::{Worker, WorkerOptions};
-
-/// How often workers send a heartbeat.
-const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+use crate::driver_server::ClusterDriver;
+use crate::worker_server::WorkerServer;
 
 /// How to start a local cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
     /// Number of workers (at least 1).
     pub workers: usize,
-    /// Options of every worker.
+    /// Options of every worker (and of the driver's executor).
     pub worker: WorkerOptions,
     /// Options of the driver.
     pub driver: DriverOptions,
+    /// Arrow IPC compression on the Flight data plane (`None` for uncompressed).
+    pub compression: Option<CompressionType>,
+    /// How often workers send a heartbeat.
+    pub heartbeat_interval: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -40,6 +38,8 @@ impl Default for ClusterOptions {
             workers: 4,
             worker: WorkerOptions::default(),
             driver: DriverOptions::default(),
+            compression: None,
+            heartbeat_interval: Duration::from_secs(2),
         }
     }
 }
@@ -48,11 +48,14 @@ impl Default for ClusterOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterSnapshot {
     /// The driver actor's state.
-    pub driver: crate::driver::DriverSnapshot,
-    /// Per worker: task attempts running.
+    pub driver: DriverSnapshot,
+    /// Per worker, the driver's executor first: task attempts running.
     pub worker_tasks: Vec<usize>,
-    /// Per worker: task outputs held in its stream store.
+    /// Per worker, the driver's executor first: task outputs held in its stream store.
     pub worker_outputs: Vec<usize>,
+    /// Per worker, the driver's executor first: attempt futures still alive (running, or stopped
+    /// inside an operator's long poll; not part of idleness).
+    pub worker_live_attempts: Vec<usize>,
 }
 
 impl ClusterSnapshot {
@@ -68,9 +71,8 @@ impl ClusterSnapshot {
 
 /// A driver and its workers in this process; see the module docs.
 pub struct LocalCluster {
-    driver: Driver,
-    workers: Vec<Worker>,
-    _heartbeats: Vec<SpawnedTask<()>>,
+    driver: ClusterDriver,
+    workers: Vec<WorkerServer>,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -90,46 +92,26 @@ impl LocalCluster {
                 "a local cluster needs at least one worker".to_string(),
             ));
         }
-        let driver = Driver::start(options.driver.clone(), options.worker.clone()).await?;
-        let channel = endpoint(driver.address())?
-            .connect()
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let client = DriverServiceClient::new(channel);
+        let driver = ClusterDriver::start(
+            options.driver.clone(),
+            options.worker.clone(),
+            options.compression,
+        )
+        .await?;
         let mut workers = Vec::with_capacity(options.workers);
-        let mut heartbeats = Vec::with_capacity(options.workers);
         for index in 0..options.workers {
-            let worker = Worker::start(format!("worker {index}"), options.worker.clone()).await?;
-            let response = client
-                .clone()
-                .register_worker(proto::RegisterWorkerRequest {
-                    address: worker.address().to_string(),
-                    slots: u32::try_from(options.worker.slots.max(1)).unwrap_or(u32::MAX),
-                })
-                .await
-                .map_err(|status| {
-                    DataFusionError::Execution(format!(
-                        "worker {index} could not register with the driver: {}",
-                        status.message()
-                    ))
-                })?;
-            let worker_id = response.into_inner().worker_id;
-            worker.set_reporter(worker_id, Arc::new(RemoteReporter::new(client.clone())))?;
-            let mut beat = client.clone();
-            heartbeats.push(SpawnedTask::spawn(async move {
-                let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
-                loop {
-                    interval.tick().await;
-                    let _ = beat.heartbeat(proto::HeartbeatRequest { worker_id }).await;
-                }
-            }));
+            let mut worker = WorkerServer::start(
+                format!("worker {}", index + 1),
+                options.worker.clone(),
+                options.compression,
+            )
+            .await?;
+            worker
+                .join(driver.address(), options.heartbeat_interval)
+                .await?;
             workers.push(worker);
         }
-        Ok(Self {
-            driver,
-            workers,
-            _heartbeats: heartbeats,
-        })
+        Ok(Self { driver, workers })
     }
 
     /// Number of workers.
@@ -139,27 +121,36 @@ impl LocalCluster {
 
     /// Runs `graph` on the cluster; the stream is lazy and cancels the job when dropped.
     pub fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
-        self.driver.execute(graph, context)
+        self.driver.driver().execute(graph, context)
     }
 
     /// What the driver and the workers hold now.
     pub async fn snapshot(&self) -> Result<ClusterSnapshot> {
-        let driver = self.driver.snapshot().await?;
-        let counts: Vec<(usize, StoreCounts)> = self.workers.iter().map(Worker::counts).collect();
+        let driver = self.driver.driver().snapshot().await?;
+        let workers: Vec<&sluice_runtime::Worker> = std::iter::once(self.driver.executor())
+            .chain(self.workers.iter().map(|w| w.worker()))
+            .collect();
+        let counts: Vec<_> = workers.iter().map(|w| w.counts()).collect();
         Ok(ClusterSnapshot {
             driver,
             worker_tasks: counts.iter().map(|(t, _)| *t).collect(),
             worker_outputs: counts.iter().map(|(_, s)| s.outputs).collect(),
+            worker_live_attempts: workers.iter().map(|w| w.live_attempts()).collect(),
         })
     }
 
     /// The progress of every running job.
-    pub async fn progress(&self) -> Result<Vec<crate::JobProgress>> {
-        self.driver.progress().await
+    pub async fn progress(&self) -> Result<Vec<JobProgress>> {
+        self.driver.driver().progress().await
     }
 
     /// Worker `index`'s address (gRPC `WorkerService` and Flight), for tests.
     pub fn worker_address(&self, index: usize) -> Option<&str> {
-        self.workers.get(index).map(Worker::address)
+        self.workers.get(index).map(|w| w.worker().address())
+    }
+
+    /// The driver's address (gRPC `DriverService` and the executor's Flight), for tests.
+    pub fn driver_address(&self) -> &str {
+        self.driver.address()
     }
 }

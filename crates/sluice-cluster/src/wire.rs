@@ -1,9 +1,16 @@
-//! Conversions between Sluice's runtime types and the protobuf messages of the cluster protocol:
-//! input modes, output distributions (hash keys as datafusion-proto expressions), stream keys and
-//! task status.
+//! Conversions between the runtime's values and the protobuf messages of the cluster protocol: ids,
+//! task definitions (hash keys as datafusion-proto expressions), status reports, and errors — the one
+//! place where an error's kind becomes a gRPC status code and back.
+//!
+//! ```text
+//!   TaskDefinition ⇄ proto::TaskDefinition      TaskStatusReport ⇄ proto::TaskStatusReport
+//!   RemoteError    ⇄ proto::TaskError ⇄ tonic::Status {code by kind, details = TaskError}
+//! ```
 //!
 //! Invariant: every decode of bytes from the network returns an error naming what was malformed;
 //! nothing here panics on bad input.
+
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{DataFusionError, Result};
@@ -12,15 +19,21 @@ use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::protobuf::PhysicalExprNode;
 use prost::Message;
-use sluice_planner::{InputMode, OutputDistribution, StageId};
-use sluice_runtime::JobId;
+use sluice_planner::{
+    AttemptKey, InputMode, JobId, OutputDistribution, OutputMode, StageId, StreamId, TaskStreamKey,
+    WorkerId,
+};
+use sluice_runtime::analyze::TaskMetrics;
 use sluice_runtime::codec::SluiceCodec;
-use sluice_runtime::scheduler::TaskStatus;
+use sluice_runtime::error::{ErrorKind, RemoteError};
+use sluice_runtime::{
+    StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
+};
+use tonic::Code;
 
 use crate::proto;
 
-/// Converts an input mode to its protobuf enum.
-pub(crate) fn input_mode_to_proto(mode: InputMode) -> proto::InputMode {
+fn input_mode_to_proto(mode: InputMode) -> proto::InputMode {
     match mode {
         InputMode::Forward => proto::InputMode::Forward,
         InputMode::Merge => proto::InputMode::Merge,
@@ -30,24 +43,28 @@ pub(crate) fn input_mode_to_proto(mode: InputMode) -> proto::InputMode {
     }
 }
 
-/// Reads an input mode from its protobuf enum value.
-pub(crate) fn input_mode_from_proto(value: i32) -> Result<InputMode> {
+fn input_mode_from_proto(value: i32) -> Result<InputMode> {
     match proto::InputMode::try_from(value) {
         Ok(proto::InputMode::Forward) => Ok(InputMode::Forward),
         Ok(proto::InputMode::Merge) => Ok(InputMode::Merge),
         Ok(proto::InputMode::Shuffle) => Ok(InputMode::Shuffle),
         Ok(proto::InputMode::Broadcast) => Ok(InputMode::Broadcast),
         Ok(proto::InputMode::Rescale) => Ok(InputMode::Rescale),
-        _ => Err(DataFusionError::Plan(format!(
-            "task definition: unknown input mode {value}"
-        ))),
+        _ => Err(malformed(format!("unknown input mode {value}"))),
     }
 }
 
-/// Encodes an output distribution; hash keys become datafusion-proto expressions.
-pub(crate) fn encode_distribution(
-    distribution: &OutputDistribution,
-) -> Result<proto::OutputDistribution> {
+fn malformed(what: impl Into<String>) -> DataFusionError {
+    DataFusionError::Plan(format!("malformed cluster message: {}", what.into()))
+}
+
+/// A count as a protobuf `uint32`, or an error naming what overflowed.
+pub(crate) fn to_u32(value: usize, what: &str) -> Result<u32> {
+    u32::try_from(value)
+        .map_err(|_| DataFusionError::Plan(format!("{what} {value} does not fit the wire format")))
+}
+
+fn encode_distribution(distribution: &OutputDistribution) -> Result<proto::OutputDistribution> {
     let kind = match distribution {
         OutputDistribution::Hash { keys, channels } => {
             let keys = keys
@@ -69,7 +86,7 @@ pub(crate) fn encode_distribution(
     Ok(proto::OutputDistribution { kind: Some(kind) })
 }
 
-/// Decodes an output distribution whose hash keys refer to `schema` (the stage plan's output).
+/// An output distribution whose hash keys refer to `schema` (the stage plan's output).
 pub(crate) fn decode_distribution(
     distribution: Option<&proto::OutputDistribution>,
     schema: &Schema,
@@ -81,9 +98,8 @@ pub(crate) fn decode_distribution(
                 .keys
                 .iter()
                 .map(|bytes| {
-                    let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(|e| {
-                        DataFusionError::Plan(format!("task definition: malformed hash key: {e}"))
-                    })?;
+                    let node = PhysicalExprNode::decode(bytes.as_slice())
+                        .map_err(|e| malformed(format!("hash key: {e}")))?;
                     parse_physical_expr(&node, ctx, schema, &SluiceCodec)
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -97,147 +113,425 @@ pub(crate) fn decode_distribution(
                 channels: *channels as usize,
             })
         }
-        None => Err(DataFusionError::Plan(
-            "task definition: no output distribution".to_string(),
-        )),
+        None => Err(malformed("no output distribution")),
     }
 }
 
-/// One stream of one task attempt, as named on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct StreamId {
-    pub job: JobId,
-    pub stage: StageId,
-    pub partition: usize,
-    pub attempt: usize,
-    pub channel: usize,
-    pub replica: usize,
+pub(crate) fn stream_to_proto(id: StreamId) -> Result<proto::TaskStreamKey> {
+    let key = id.stream;
+    Ok(proto::TaskStreamKey {
+        job: key.job.0,
+        stage: to_u32(key.stage.0, "stage")?,
+        partition: to_u32(key.partition, "partition")?,
+        attempt: to_u32(key.attempt, "attempt")?,
+        channel: to_u32(key.channel, "channel")?,
+        replica: to_u32(id.replica, "replica")?,
+    })
 }
 
-impl StreamId {
-    /// The task attempt that writes this stream.
-    pub fn attempt_key(&self) -> AttemptKey {
-        AttemptKey {
-            job: self.job,
-            stage: self.stage,
-            partition: self.partition,
-            attempt: self.attempt,
-        }
+pub(crate) fn stream_from_proto(key: &proto::TaskStreamKey) -> StreamId {
+    TaskStreamKey {
+        job: JobId(key.job),
+        stage: StageId(key.stage as usize),
+        partition: key.partition as usize,
+        attempt: key.attempt as usize,
+        channel: key.channel as usize,
     }
+    .replica(key.replica as usize)
+}
 
-    pub fn to_proto(self) -> Result<proto::TaskStreamKey> {
-        Ok(proto::TaskStreamKey {
-            job: self.job.0,
-            stage: to_u32(self.stage.0, "stage")?,
-            partition: to_u32(self.partition, "partition")?,
-            attempt: to_u32(self.attempt, "attempt")?,
-            channel: to_u32(self.channel, "channel")?,
-            replica: to_u32(self.replica, "replica")?,
+/// Reads a Flight ticket (an encoded `TaskStreamKey`).
+pub(crate) fn stream_from_ticket(bytes: &[u8]) -> Result<StreamId> {
+    let key = proto::TaskStreamKey::decode(bytes)
+        .map_err(|e| malformed(format!("stream ticket ({} bytes): {e}", bytes.len())))?;
+    Ok(stream_from_proto(&key))
+}
+
+pub(crate) fn attempt_to_proto(key: AttemptKey) -> Result<proto::TaskAttemptId> {
+    Ok(proto::TaskAttemptId {
+        job: key.job.0,
+        stage: to_u32(key.stage.0, "stage")?,
+        partition: to_u32(key.partition, "partition")?,
+        attempt: to_u32(key.attempt, "attempt")?,
+    })
+}
+
+pub(crate) fn attempt_from_proto(id: &proto::TaskAttemptId) -> AttemptKey {
+    AttemptKey {
+        job: JobId(id.job),
+        stage: StageId(id.stage as usize),
+        partition: id.partition as usize,
+        attempt: id.attempt as usize,
+    }
+}
+
+/// A task definition as bytes for `RunTask`. Only worker stages travel: an in-memory plan (a
+/// driver stage) never leaves the driver.
+pub(crate) fn encode_definition(definition: &TaskDefinition) -> Result<Vec<u8>> {
+    let StagePlan::Encoded(plan) = &definition.plan else {
+        return Err(DataFusionError::Internal(format!(
+            "{}: only an encoded stage plan can be sent to a worker, not {:?}",
+            definition.attempt, definition.plan
+        )));
+    };
+    let key = definition.attempt;
+    let inputs = definition
+        .inputs
+        .iter()
+        .map(|input| {
+            let partitions = input
+                .partitions
+                .iter()
+                .map(|streams| {
+                    let streams = streams
+                        .iter()
+                        .map(|locator| {
+                            Ok(proto::StreamLocator {
+                                address: locator.address.clone(),
+                                key: Some(stream_to_proto(locator.stream)?),
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(proto::InputPartition { streams })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(proto::TaskInput {
+                stage: to_u32(input.stage.0, "stage")?,
+                mode: input_mode_to_proto(input.mode) as i32,
+                partitions,
+            })
         })
-    }
-
-    pub fn from_proto(key: &proto::TaskStreamKey) -> Self {
-        Self {
-            job: JobId(key.job),
-            stage: StageId(key.stage as usize),
-            partition: key.partition as usize,
-            attempt: key.attempt as usize,
-            channel: key.channel as usize,
-            replica: key.replica as usize,
-        }
-    }
-
-    /// Reads a Flight ticket (an encoded `TaskStreamKey`).
-    pub fn from_ticket(bytes: &[u8]) -> Result<Self> {
-        let key = proto::TaskStreamKey::decode(bytes).map_err(|e| {
-            DataFusionError::Plan(format!(
-                "malformed stream ticket ({} bytes): {e}",
-                bytes.len()
-            ))
-        })?;
-        Ok(Self::from_proto(&key))
-    }
+        .collect::<Result<Vec<_>>>()?;
+    let message = proto::TaskDefinition {
+        job: key.job.0,
+        stage: to_u32(key.stage.0, "stage")?,
+        partition: to_u32(key.partition, "partition")?,
+        attempt: to_u32(key.attempt, "attempt")?,
+        plan: plan.to_vec(),
+        inputs,
+        output: Some(encode_distribution(&definition.output)?),
+        replicas: to_u32(definition.replicas, "replicas")?,
+        blocking: definition.output_mode == OutputMode::Blocking,
+        config: definition.config.as_ref().clone(),
+        memory_limit: definition.memory_limit,
+        report_plan_metrics: definition.report_plan_metrics,
+    };
+    Ok(message.encode_to_vec())
 }
 
-impl std::fmt::Display for StreamId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "stream job {} stage {} partition {} attempt {} channel {} replica {}",
-            self.job, self.stage, self.partition, self.attempt, self.channel, self.replica
-        )
+/// A `RunTask` request's bytes as a task definition, its hash keys decoded against the stage plan's
+/// schema in `ctx` (the worker's function registry).
+pub(crate) fn decode_definition(bytes: &[u8], ctx: &TaskContext) -> Result<TaskDefinition> {
+    let message = proto::TaskDefinition::decode(bytes)
+        .map_err(|e| malformed(format!("task definition ({} bytes): {e}", bytes.len())))?;
+    let attempt = AttemptKey {
+        job: JobId(message.job),
+        stage: StageId(message.stage as usize),
+        partition: message.partition as usize,
+        attempt: message.attempt as usize,
+    };
+    if message.plan.is_empty() {
+        return Err(malformed(format!(
+            "the task definition of {attempt} has no plan"
+        )));
     }
-}
-
-/// One task attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct AttemptKey {
-    pub job: JobId,
-    pub stage: StageId,
-    pub partition: usize,
-    pub attempt: usize,
-}
-
-impl AttemptKey {
-    pub fn of_definition(task: &proto::TaskDefinition) -> Self {
-        Self {
-            job: JobId(task.job),
-            stage: StageId(task.stage as usize),
-            partition: task.partition as usize,
-            attempt: task.attempt as usize,
-        }
-    }
-
-    pub fn to_proto(self) -> Result<proto::TaskAttemptId> {
-        Ok(proto::TaskAttemptId {
-            job: self.job.0,
-            stage: to_u32(self.stage.0, "stage")?,
-            partition: to_u32(self.partition, "partition")?,
-            attempt: to_u32(self.attempt, "attempt")?,
+    // The hash keys refer to the stage plan's output schema: decode the plan here, once (functions
+    // resolve in the worker's registry; the attempt gets its own context when it starts).
+    let plan = sluice_runtime::codec::decode_stage_plan(&message.plan, ctx)
+        .map_err(|e| e.context(format!("decoding the plan of {attempt}")))?;
+    let output = decode_distribution(message.output.as_ref(), &plan.schema(), ctx)?;
+    let inputs = message
+        .inputs
+        .iter()
+        .map(|input| {
+            let partitions = input
+                .partitions
+                .iter()
+                .map(|partition| {
+                    partition
+                        .streams
+                        .iter()
+                        .map(|locator| {
+                            let key = locator.key.as_ref().ok_or_else(|| {
+                                malformed(format!("a locator of {attempt} has no stream key"))
+                            })?;
+                            Ok(StreamLocator {
+                                address: locator.address.clone(),
+                                stream: stream_from_proto(key),
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(TaskInputStreams {
+                stage: StageId(input.stage as usize),
+                mode: input_mode_from_proto(input.mode)?,
+                partitions,
+            })
         })
-    }
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TaskDefinition {
+        attempt,
+        plan: StagePlan::Decoded(plan),
+        inputs,
+        output,
+        replicas: (message.replicas as usize).max(1),
+        output_mode: if message.blocking {
+            OutputMode::Blocking
+        } else {
+            OutputMode::Pipelined
+        },
+        config: Arc::new(message.config),
+        memory_limit: message.memory_limit,
+        report_plan_metrics: message.report_plan_metrics,
+    })
+}
 
-    pub fn from_proto(id: &proto::TaskAttemptId) -> Self {
-        Self {
-            job: JobId(id.job),
-            stage: StageId(id.stage as usize),
-            partition: id.partition as usize,
-            attempt: id.attempt as usize,
+pub(crate) fn error_to_proto(error: &RemoteError) -> proto::TaskError {
+    proto::TaskError {
+        kind: error.kind.name().to_string(),
+        contexts: error.contexts.clone(),
+        root: error.root.clone(),
+        message: error.message.clone(),
+    }
+}
+
+pub(crate) fn error_from_proto(error: &proto::TaskError) -> RemoteError {
+    RemoteError {
+        kind: ErrorKind::from_name(&error.kind),
+        contexts: error.contexts.clone(),
+        root: error.root.clone(),
+        message: error.message.clone(),
+    }
+}
+
+pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskStatusReport> {
+    let key = report.attempt;
+    let mut message = proto::TaskStatusReport {
+        worker_id: report.worker.0,
+        job: key.job.0,
+        stage: to_u32(key.stage.0, "stage")?,
+        partition: to_u32(key.partition, "partition")?,
+        attempt: to_u32(key.attempt, "attempt")?,
+        sequence: report.sequence,
+        state: proto::TaskState::Running as i32,
+        error: None,
+        output_rows: 0,
+        elapsed_ms: 0,
+        plan_metrics: String::new(),
+    };
+    match &report.state {
+        TaskState::Running => {}
+        TaskState::Succeeded(metrics) => {
+            message.state = proto::TaskState::Succeeded as i32;
+            message.output_rows = metrics.rows;
+            message.elapsed_ms = metrics.elapsed_ms;
+            message.plan_metrics = metrics.plan.clone();
         }
+        TaskState::Failed(error) => {
+            message.state = proto::TaskState::Failed as i32;
+            message.error = Some(error_to_proto(error));
+        }
+        TaskState::Canceled => message.state = proto::TaskState::Canceled as i32,
+    }
+    Ok(message)
+}
+
+pub(crate) fn report_from_proto(report: &proto::TaskStatusReport) -> Result<TaskStatusReport> {
+    let state = match proto::TaskState::try_from(report.state) {
+        Ok(proto::TaskState::Running) => TaskState::Running,
+        Ok(proto::TaskState::Succeeded) => TaskState::Succeeded(TaskMetrics {
+            rows: report.output_rows,
+            elapsed_ms: report.elapsed_ms,
+            plan: report.plan_metrics.clone(),
+        }),
+        Ok(proto::TaskState::Failed) => TaskState::Failed(match &report.error {
+            Some(error) => error_from_proto(error),
+            None => RemoteError::new(ErrorKind::Internal, "the task failed without an error"),
+        }),
+        Ok(proto::TaskState::Canceled) => TaskState::Canceled,
+        _ => {
+            return Err(malformed(format!(
+                "task status report: unknown state {}",
+                report.state
+            )));
+        }
+    };
+    Ok(TaskStatusReport {
+        worker: WorkerId(report.worker_id),
+        attempt: AttemptKey {
+            job: JobId(report.job),
+            stage: StageId(report.stage as usize),
+            partition: report.partition as usize,
+            attempt: report.attempt as usize,
+        },
+        sequence: report.sequence,
+        state,
+    })
+}
+
+/// The gRPC code of an error kind. The only place kinds meet codes.
+fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::User => Code::InvalidArgument,
+        ErrorKind::ResourcesExhausted => Code::ResourceExhausted,
+        ErrorKind::Cancelled => Code::Cancelled,
+        ErrorKind::Transport => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
     }
 }
 
-impl std::fmt::Display for AttemptKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "job {} stage {} partition {} attempt {}",
-            self.job, self.stage, self.partition, self.attempt
-        )
+/// The kind a status code means when a status carries no error details (it came from tonic
+/// itself, or from a peer that is not a Sluice worker).
+fn kind_of(code: Code) -> ErrorKind {
+    match code {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => ErrorKind::User,
+        Code::ResourceExhausted => ErrorKind::ResourcesExhausted,
+        Code::Cancelled => ErrorKind::Cancelled,
+        Code::Internal | Code::Unimplemented | Code::DataLoss => ErrorKind::Internal,
+        _ => ErrorKind::Transport,
     }
 }
 
-/// A status report's state and message as the scheduler's [`TaskStatus`].
-pub(crate) fn status_from_report(report: &proto::TaskStatusReport) -> Result<TaskStatus> {
-    match proto::TaskState::try_from(report.state) {
-        Ok(proto::TaskState::Running) => Ok(TaskStatus::Running),
-        Ok(proto::TaskState::Succeeded) => Ok(TaskStatus::Succeeded),
-        Ok(proto::TaskState::Failed) => Ok(TaskStatus::Failed(report.error.clone())),
-        Ok(proto::TaskState::Canceled) => Ok(TaskStatus::Canceled),
-        _ => Err(DataFusionError::Plan(format!(
-            "task status report: unknown state {}",
-            report.state
-        ))),
-    }
-}
-
-/// A count as a protobuf `uint32`, or an error naming what overflowed.
-pub(crate) fn to_u32(value: usize, what: &str) -> Result<u32> {
-    u32::try_from(value)
-        .map_err(|_| DataFusionError::Plan(format!("{what} {value} does not fit the wire format")))
-}
-
-/// An error as a gRPC status.
+/// An error as a gRPC status: the code by its kind, the error itself in the details.
 pub(crate) fn to_status(error: &DataFusionError) -> tonic::Status {
-    tonic::Status::internal(error.to_string())
+    remote_to_status(&RemoteError::of(error))
+}
+
+/// A wire error as a gRPC status.
+pub(crate) fn remote_to_status(error: &RemoteError) -> tonic::Status {
+    let details = error_to_proto(error).encode_to_vec();
+    tonic::Status::with_details(code_of(error.kind), error.to_string(), details.into())
+}
+
+/// The error a status stands for, with `what` (the call, the peer) around anything that did not
+/// come from a Sluice error on the other side.
+pub(crate) fn from_status(status: &tonic::Status, what: &str) -> RemoteError {
+    match proto::TaskError::decode(status.details()) {
+        Ok(error) if !error.root.is_empty() => error_from_proto(&error),
+        _ => RemoteError::new(
+            kind_of(status.code()),
+            format!("{what}: {}", status.message()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::physical_plan::ExecutionPlan;
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::expressions::col;
+    use sluice_planner::TaskAttempt;
+    use sluice_runtime::codec::encode_stage_plan;
+
+    use super::*;
+
+    #[test]
+    fn a_definition_round_trips() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let plan: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(schema.clone()));
+        let key = AttemptKey {
+            job: JobId(7),
+            stage: StageId(1),
+            partition: 2,
+            attempt: 1,
+        };
+        let producer = TaskAttempt {
+            task: sluice_planner::TaskId {
+                stage: StageId(0),
+                partition: 3,
+            },
+            attempt: 2,
+        };
+        let definition = TaskDefinition {
+            attempt: key,
+            plan: StagePlan::Encoded(encode_stage_plan(plan).unwrap()),
+            inputs: vec![TaskInputStreams {
+                stage: StageId(0),
+                mode: InputMode::Shuffle,
+                partitions: vec![vec![StreamLocator {
+                    address: "127.0.0.1:1".into(),
+                    stream: producer.of_job(JobId(7)).stream(2).replica(0),
+                }]],
+            }],
+            output: OutputDistribution::Hash {
+                keys: vec![col("k", &schema).unwrap()],
+                channels: 4,
+            },
+            replicas: 3,
+            output_mode: OutputMode::Blocking,
+            config: Arc::new([("a".to_string(), "b".to_string())].into()),
+            memory_limit: Some(1 << 30),
+            report_plan_metrics: true,
+        };
+        let bytes = encode_definition(&definition).unwrap();
+        let back = decode_definition(&bytes, &TaskContext::default()).unwrap();
+        assert_eq!(back.attempt, key);
+        assert_eq!(back.inputs, definition.inputs);
+        assert_eq!(back.output.channels(), 4);
+        assert_eq!(back.output.key_names(), ["k@0"]);
+        assert_eq!(back.replicas, 3);
+        assert_eq!(back.output_mode, OutputMode::Blocking);
+        assert_eq!(back.config, definition.config);
+        assert_eq!(back.memory_limit, Some(1 << 30));
+        assert!(back.report_plan_metrics);
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_what_was_malformed() {
+        let error = decode_definition(b"\xff\xff\xff", &TaskContext::default()).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("malformed cluster message: task definition (3 bytes)"),
+            "{error}"
+        );
+        let error = stream_from_ticket(b"\x0a\xff").unwrap_err();
+        assert!(error.to_string().contains("stream ticket"), "{error}");
+    }
+
+    #[test]
+    fn errors_keep_kind_and_text_through_a_status() {
+        let divide = DataFusionError::ArrowError(
+            Box::new(datafusion::arrow::error::ArrowError::DivideByZero),
+            None,
+        );
+        let status = to_status(&divide);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let back = from_status(&status, "reading x");
+        assert_eq!(back.kind, ErrorKind::User);
+        assert_eq!(
+            back.to_error().to_string(),
+            "Arrow error: Divide by zero error"
+        );
+        // A status from tonic itself (no details): the code decides the kind.
+        let refused = tonic::Status::unavailable("connection refused");
+        let back = from_status(&refused, "reading x from 127.0.0.1:9");
+        assert_eq!(back.kind, ErrorKind::Transport);
+        assert_eq!(
+            back.message,
+            "reading x from 127.0.0.1:9: connection refused"
+        );
+    }
+
+    #[test]
+    fn reports_round_trip() {
+        let report = TaskStatusReport {
+            worker: WorkerId(2),
+            attempt: AttemptKey {
+                job: JobId(1),
+                stage: StageId(0),
+                partition: 0,
+                attempt: 0,
+            },
+            sequence: 2,
+            state: TaskState::Failed(RemoteError::new(ErrorKind::Transport, "gone")),
+        };
+        let back = report_from_proto(&report_to_proto(&report).unwrap()).unwrap();
+        assert_eq!(back, report);
+        let mut bad = report_to_proto(&report).unwrap();
+        bad.state = 99;
+        assert!(report_from_proto(&bad).is_err());
+    }
 }

@@ -1,4 +1,5 @@
-//! Malformed control and data requests get an error reply, and the worker keeps serving jobs.
+//! Malformed control and data requests get an error reply naming what was wrong and change
+//! nothing; the worker and the driver keep serving jobs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -10,9 +11,11 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::TryStreamExt;
 use prost::Message;
 use sluice_cluster::proto;
+use sluice_cluster::proto::driver_service_client::DriverServiceClient;
 use sluice_cluster::proto::worker_service_client::WorkerServiceClient;
-use sluice_cluster::{ClusterOptions, LocalCluster, WorkerOptions};
+use sluice_cluster::{ClusterOptions, LocalCluster};
 use sluice_planner::JobGraph;
+use sluice_runtime::WorkerOptions;
 use tonic::Code;
 
 async fn cluster() -> LocalCluster {
@@ -67,22 +70,33 @@ async fn malformed_run_task_bytes_get_an_error_and_the_worker_keeps_serving() {
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
-        status.message().contains("malformed task definition"),
+        status.message().starts_with(
+            "worker 1: Error during planning: malformed cluster message: task definition (4 bytes)"
+        ),
         "{status:?}"
     );
 
-    // A well-formed definition whose plan bytes are garbage fails the task, not the worker.
+    // A well-formed definition whose plan bytes are garbage is refused before any task exists.
     let definition = proto::TaskDefinition {
         job: 99,
         plan: vec![1, 2, 3],
         ..Default::default()
     };
-    let reply = client
+    let status = client
         .run_task(proto::RunTaskRequest {
             task: definition.encode_to_vec(),
         })
-        .await;
-    assert!(reply.is_ok(), "{reply:?}");
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("decoding the plan of job 99 stage 0 partition 0 attempt 0"),
+        "{status:?}"
+    );
+    let snapshot = cluster.snapshot().await.unwrap();
+    assert_eq!(snapshot.worker_tasks, [0, 0], "{snapshot:?}");
 
     let expected = "+---+---+\n| k | n |\n+---+---+\n| 0 | 2 |\n| 1 | 3 |\n| 2 | 2 |\n+---+---+";
     assert_eq!(run_query(&cluster).await, expected);
@@ -105,7 +119,13 @@ async fn unknown_and_malformed_tickets_get_an_error_and_the_worker_keeps_serving
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("stream ticket (7 bytes)"),
+        "{status:?}"
+    );
 
+    // A stream whose task never starts here: a transport failure after the read timeout, with the
+    // error (and its kind) in the status details.
     let unknown = proto::TaskStreamKey {
         job: 12345,
         stage: 1,
@@ -120,11 +140,56 @@ async fn unknown_and_malformed_tickets_get_an_error_and_the_worker_keeps_serving
         })
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(
-        status.message().contains("job 12345 stage 1 partition 2"),
+        status.message().contains(
+            "worker 1: stream job 12345 stage 1 partition 2 attempt 0 channel 0 replica 0 \
+             did not appear within 0.3 s"
+        ),
         "{status:?}"
     );
+    let details = proto::TaskError::decode(status.details()).unwrap();
+    assert_eq!(
+        (details.kind.as_str(), details.root.as_str()),
+        ("transport", "sluice.transport")
+    );
+
+    let expected = "+---+---+\n| k | n |\n+---+---+\n| 0 | 2 |\n| 1 | 3 |\n| 2 | 2 |\n+---+---+";
+    assert_eq!(run_query(&cluster).await, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_driver() {
+    let cluster = cluster().await;
+    let mut driver = DriverServiceClient::connect(format!("http://{}", cluster.driver_address()))
+        .await
+        .unwrap();
+    let status = driver
+        .register_worker(proto::RegisterWorkerRequest {
+            address: "not an address".to_string(),
+            slots: 4,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("cannot register a worker at 'not an address'"),
+        "{status:?}"
+    );
+    let status = driver
+        .report_task_status(proto::TaskStatusReport {
+            worker_id: 1,
+            state: 42,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("unknown state 42"), "{status:?}");
+    let snapshot = cluster.snapshot().await.unwrap();
+    assert_eq!(snapshot.driver.workers, 1, "{snapshot:?}");
 
     let expected = "+---+---+\n| k | n |\n+---+---+\n| 0 | 2 |\n| 1 | 3 |\n| 2 | 2 |\n+---+---+";
     assert_eq!(run_query(&cluster).await, expected);

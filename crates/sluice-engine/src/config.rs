@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::error::{Result, SluiceError};
 
-/// How queries execute. Each mode is one [`crate::runner::JobRunner`].
+/// How queries execute. Each mode is one `sluice_runtime::JobRunner`, built by the front end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExecutionMode {
     /// In-process DataFusion (`execute_stream`): the embedded default.

@@ -3,23 +3,21 @@
 //! Where each step of the pipeline lives (see ARCHITECTURE.md for the whole map):
 //!
 //! ```text
-//!   files ──► catalog (table discovery) ──► session (SQL → physical plan)
+//!   files ──► catalog (table discovery) ──► session (SQL → physical plan, EXPLAIN DISTRIBUTED)
 //!                                               │
-//!                                   runner::JobRunner (one per execution mode)
+//!                            sluice_runtime::JobRunner (the mode's runner, chosen by the front end)
 //!                                               │
 //!                                   record-batch stream to the caller
 //! ```
 //!
-//! `config` holds the typed, layered configuration; `tpch` the built-in benchmark (data, queries,
-//! answers, timing harness).
+//! `config` holds the typed, layered configuration. The engine knows no runner beyond the trait:
+//! the front end (the CLI) builds the runner of the configured mode and hands it to the session.
 
 pub mod catalog;
 pub mod config;
 pub mod error;
-pub mod runner;
 pub mod session;
-pub mod tpch;
 
 pub use config::{ExecutionMode, SluiceConfig};
 pub use error::{Result, SluiceError};
-pub use session::SluiceSession;
+pub use session::{ExplainFormat, SluiceSession, SluiceStatement};

@@ -5,27 +5,35 @@
 //! effect in the session; the resulting physical plan then runs through the [`JobRunner`], the single
 //! path by which any query executes. Errors raised while reading data are annotated with the tables the
 //! statement reads, so that "incorrect number of fields" says which CSV table it came from.
+//!
+//! Sluice adds one statement to DataFusion's SQL: `EXPLAIN DISTRIBUTED [FORMAT TEXT|JSON] <query>`,
+//! which plans the query, cuts it into its job graph and returns the graph (stages, exchanges, task
+//! regions) as one row of one `plan` column, in any mode.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParserBuilder, Statement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
+use datafusion::sql::sqlparser::parser::ParserError;
+use datafusion::sql::sqlparser::tokenizer::Token;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
-use crate::runner::{JobRunner, runner_for};
-use sluice_planner::{JobGraph, JobTopology};
+use sluice_planner::JobGraph;
+use sluice_planner::explain::{explain_json, explain_text};
+use sluice_runtime::JobRunner;
 
 /// The output of one statement, fully collected.
 #[derive(Debug, Clone)]
@@ -41,6 +49,30 @@ impl StatementOutput {
     pub fn row_count(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()
     }
+}
+
+/// How `EXPLAIN DISTRIBUTED` prints the job graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExplainFormat {
+    /// Indented stages and regions.
+    #[default]
+    Text,
+    /// One JSON document.
+    Json,
+}
+
+/// One statement of SQL text: DataFusion's, or one Sluice adds.
+#[derive(Debug, Clone)]
+pub enum SluiceStatement {
+    /// A DataFusion statement (queries, DDL, `SET`, `EXPLAIN`, …).
+    Sql(Statement),
+    /// `EXPLAIN DISTRIBUTED [FORMAT TEXT|JSON] <statement>`: the statement's job graph.
+    ExplainDistributed {
+        /// The statement to explain.
+        statement: Statement,
+        /// How to print it.
+        format: ExplainFormat,
+    },
 }
 
 /// A session: a DataFusion context, the registered tables and the job runner.
@@ -61,8 +93,9 @@ impl std::fmt::Debug for SluiceSession {
 }
 
 impl SluiceSession {
-    /// A session with `config`'s settings, memory budget and mode.
-    pub fn new(config: &SluiceConfig) -> Result<Self> {
+    /// A session with `config`'s settings and memory budget whose queries run through `runner` (the
+    /// runner of `config`'s mode; the front end picks it).
+    pub fn new(config: &SluiceConfig, runner: Arc<dyn JobRunner>) -> Result<Self> {
         let session_config = config.session_config()?;
         let mut runtime = RuntimeEnvBuilder::new();
         if let Some(limit) = config.memory_limit.value {
@@ -72,7 +105,7 @@ impl SluiceSession {
         let ctx = SessionContext::new_with_config_rt(session_config, runtime.build_arc()?);
         Ok(Self {
             ctx,
-            runner: runner_for(config),
+            runner,
             tables: BTreeMap::new(),
         })
     }
@@ -113,20 +146,57 @@ impl SluiceSession {
         Ok(())
     }
 
-    /// Splits SQL text into statements using the session's SQL dialect.
-    pub fn parse_sql(&self, sql: &str) -> Result<Vec<Statement>> {
+    /// Splits SQL text into statements using the session's SQL dialect; `EXPLAIN DISTRIBUTED` is
+    /// recognised here.
+    pub fn parse_sql(&self, sql: &str) -> Result<Vec<SluiceStatement>> {
         let state = self.ctx.state();
         let options = state.config_options();
         let dialect_name = options.sql_parser.dialect.to_string();
         let dialect = dialect_from_str(&dialect_name).ok_or_else(|| {
             SluiceError::invalid(format!("unsupported SQL dialect '{dialect_name}'"))
         })?;
-        let statements = DFParserBuilder::new(sql)
+        let mut parser = DFParserBuilder::new(sql)
             .with_dialect(dialect.as_ref())
             .with_recursion_limit(options.sql_parser.recursion_limit.get())
-            .build()?
-            .parse_statements()?;
-        Ok(statements.into_iter().collect())
+            .build()?;
+        let mut statements = Vec::new();
+        let mut expecting_delimiter = false;
+        loop {
+            while parser.parser.consume_token(&Token::SemiColon) {
+                expecting_delimiter = false;
+            }
+            let next = parser.parser.peek_token();
+            if next.token == Token::EOF {
+                break;
+            }
+            if expecting_delimiter {
+                let message = format!(
+                    "Expected: end of statement, found: {next}{}",
+                    next.span.start
+                );
+                return Err(DataFusionError::SQL(
+                    Box::new(ParserError::ParserError(message)),
+                    None,
+                )
+                .into());
+            }
+            let explain_distributed = is_word(&parser.parser.peek_nth_token(0).token, "explain")
+                && is_word(&parser.parser.peek_nth_token(1).token, "distributed");
+            let statement = if explain_distributed {
+                parser.parser.next_token();
+                parser.parser.next_token();
+                let format = explain_format(&mut parser.parser)?;
+                SluiceStatement::ExplainDistributed {
+                    statement: parser.parse_statement()?,
+                    format,
+                }
+            } else {
+                SluiceStatement::Sql(parser.parse_statement()?)
+            };
+            statements.push(statement);
+            expecting_delimiter = true;
+        }
+        Ok(statements)
     }
 
     /// Plans one statement to a physical plan. DDL and `SET` take effect here.
@@ -140,8 +210,15 @@ impl SluiceSession {
     /// Plans and starts one statement; the stream does the work as it is polled.
     pub async fn execute_statement(
         &self,
-        statement: Statement,
+        statement: SluiceStatement,
     ) -> Result<SendableRecordBatchStream> {
+        let statement = match statement {
+            SluiceStatement::Sql(statement) => statement,
+            SluiceStatement::ExplainDistributed { statement, format } => {
+                let text = self.explain_distributed(statement, format).await?;
+                return explain_stream(text);
+            }
+        };
         let sources = self.sources_read_by(&statement);
         let plan = self.plan_statement(statement).await?;
         let stream = self.runner.execute(plan, self.ctx.task_ctx())?;
@@ -153,11 +230,12 @@ impl SluiceSession {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, annotated)))
     }
 
-    /// Plans one query and cuts it into a job graph and its task regions (EXPLAIN DISTRIBUTED).
-    pub async fn job_graph(&self, sql: &str) -> Result<(JobGraph, JobTopology)> {
+    /// Plans one query and cuts it into a job graph (with its task regions).
+    pub async fn job_graph(&self, sql: &str) -> Result<JobGraph> {
         let mut statements = self.parse_sql(sql)?;
         let statement = match (statements.pop(), statements.is_empty()) {
-            (Some(statement), true) => statement,
+            (Some(SluiceStatement::Sql(statement)), true) => statement,
+            (Some(SluiceStatement::ExplainDistributed { statement, .. }), true) => statement,
             (None, _) => return Err(SluiceError::invalid("no SQL statement to explain")),
             (Some(_), false) => {
                 return Err(SluiceError::invalid(
@@ -166,9 +244,26 @@ impl SluiceSession {
             }
         };
         let plan = self.plan_statement(statement).await?;
+        Ok(JobGraph::try_new(plan)?)
+    }
+
+    /// The job graph of `statement` as text or JSON.
+    pub async fn explain_distributed(
+        &self,
+        statement: Statement,
+        format: ExplainFormat,
+    ) -> Result<String> {
+        let plan = self.plan_statement(statement).await?;
         let graph = JobGraph::try_new(plan)?;
-        let topology = JobTopology::try_new(&graph)?;
-        Ok((graph, topology))
+        Ok(match format {
+            ExplainFormat::Text => explain_text(&graph),
+            ExplainFormat::Json => {
+                let json = serde_json::to_string_pretty(&explain_json(&graph)).map_err(|e| {
+                    SluiceError::invalid(format!("cannot print the job graph: {e}"))
+                })?;
+                json + "\n"
+            }
+        })
     }
 
     /// Runs every statement in `sql` and collects each one's output.
@@ -226,18 +321,42 @@ fn annotate_read_error(error: DataFusionError, sources: &str) -> DataFusionError
     }
 }
 
-/// The query after a leading `EXPLAIN DISTRIBUTED` (any case), if `sql` starts with it.
-pub fn strip_explain_distributed(sql: &str) -> Option<&str> {
-    let mut rest = sql.trim_start();
-    for word in ["explain", "distributed"] {
-        let head = rest.get(..word.len())?;
-        let next = rest[word.len()..].chars().next();
-        if !head.eq_ignore_ascii_case(word) || !next.is_some_and(char::is_whitespace) {
-            return None;
-        }
-        rest = rest[word.len()..].trim_start();
+/// Whether `token` is the (unquoted) word `word`, in any case.
+fn is_word(token: &Token, word: &str) -> bool {
+    matches!(token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
+}
+
+/// An optional `FORMAT TEXT | FORMAT JSON` after `EXPLAIN DISTRIBUTED`.
+fn explain_format(
+    parser: &mut datafusion::sql::sqlparser::parser::Parser<'_>,
+) -> Result<ExplainFormat> {
+    if !is_word(&parser.peek_token().token, "format") {
+        return Ok(ExplainFormat::Text);
     }
-    Some(rest)
+    parser.next_token();
+    let format = parser.next_token();
+    if is_word(&format.token, "text") {
+        Ok(ExplainFormat::Text)
+    } else if is_word(&format.token, "json") {
+        Ok(ExplainFormat::Json)
+    } else {
+        let message = format!("Expected: TEXT or JSON after FORMAT, found: {format}");
+        Err(DataFusionError::SQL(Box::new(ParserError::ParserError(message)), None).into())
+    }
+}
+
+/// The schema of `EXPLAIN DISTRIBUTED`'s output: one `plan` column.
+pub fn explain_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("plan", DataType::Utf8, false)]))
+}
+
+fn explain_stream(text: String) -> Result<SendableRecordBatchStream> {
+    let schema = explain_schema();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(StringArray::from(vec![text]))],
+    )?;
+    Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?))
 }
 
 #[cfg(test)]
@@ -246,7 +365,7 @@ mod tests {
 
     #[tokio::test]
     async fn runs_several_statements_in_order() {
-        let session = SluiceSession::new(&SluiceConfig::default()).unwrap();
+        let session = session();
         let outputs = session
             .run_sql("create view v as select 1 as a union all select 2; select sum(a) from v;")
             .await
@@ -259,26 +378,77 @@ mod tests {
         assert!(formatted.contains("| 3 "), "{formatted}");
     }
 
+    fn session() -> SluiceSession {
+        SluiceSession::new(
+            &SluiceConfig::default(),
+            Arc::new(sluice_runtime::LocalRunner),
+        )
+        .unwrap()
+    }
+
     #[test]
-    fn explain_distributed_prefix_is_recognised() {
+    fn explain_distributed_is_a_statement_of_its_own() {
+        let session = session();
+        let statements = session
+            .parse_sql("select 1; EXPLAIN\n distributed FORMAT json select 2; explain select 3")
+            .unwrap();
+        assert_eq!(statements.len(), 3);
+        assert!(matches!(statements[0], SluiceStatement::Sql(_)));
+        assert!(matches!(
+            statements[1],
+            SluiceStatement::ExplainDistributed {
+                format: ExplainFormat::Json,
+                ..
+            }
+        ));
+        // Plain EXPLAIN is DataFusion's.
+        assert!(matches!(statements[2], SluiceStatement::Sql(_)));
+        let error = session
+            .parse_sql("explain distributed format yaml select 1")
+            .unwrap_err();
         assert_eq!(
-            strip_explain_distributed("  EXPLAIN\n distributed select 1"),
-            Some("select 1")
+            error.to_string(),
+            "SQL error: ParserError(\"Expected: TEXT or JSON after FORMAT, found: yaml\")"
         );
-        assert_eq!(strip_explain_distributed("explain select 1"), None);
-        assert_eq!(strip_explain_distributed("explaindistributed x"), None);
+        let error = session.parse_sql("select 1 select 2").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("SQL error: ParserError(\"Expected: end of statement, found: select"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn explain_distributed_returns_the_job_graph_as_one_row() {
+        let session = session();
+        let outputs = session
+            .run_sql("explain distributed select count(*) from (values (1), (2)) t(a) group by a")
+            .await
+            .unwrap();
+        let batch = &outputs[0].batches[0];
+        assert_eq!(batch.schema(), explain_schema());
+        assert_eq!(batch.num_rows(), 1);
+        let text = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .value(0);
+        assert!(text.starts_with("Stage 0"), "{text}");
+        assert!(text.contains("Regions:"), "{text}");
     }
 
     #[tokio::test]
     async fn syntax_errors_are_errors() {
-        let session = SluiceSession::new(&SluiceConfig::default()).unwrap();
+        let session = session();
         let error = session.run_sql("selec 1").await.unwrap_err();
         assert!(error.to_string().contains("SQL error"), "{error}");
     }
 
     #[tokio::test]
     async fn set_statements_change_the_session() {
-        let session = SluiceSession::new(&SluiceConfig::default()).unwrap();
+        let session = session();
         session
             .run_sql("set datafusion.execution.batch_size = 77")
             .await

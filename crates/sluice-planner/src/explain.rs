@@ -11,7 +11,7 @@ use datafusion::physical_plan::displayable;
 use serde_json::{Value, json};
 
 use crate::job_graph::{JobGraph, Stage};
-use crate::topology::{JobTopology, TaskRegion};
+use crate::topology::TaskRegion;
 
 fn plan_text(stage: &Stage) -> String {
     displayable(stage.plan.as_ref()).indent(false).to_string()
@@ -37,7 +37,8 @@ fn region_tasks(region: &TaskRegion) -> String {
 }
 
 /// The graph and topology as indented text.
-pub fn explain_text(graph: &JobGraph, topology: &JobTopology) -> String {
+pub fn explain_text(graph: &JobGraph) -> String {
+    let topology = graph.topology();
     let mut out = String::new();
     let last = graph.final_stage();
     for (id, stage) in graph.stages().iter().enumerate() {
@@ -81,7 +82,8 @@ pub fn explain_text(graph: &JobGraph, topology: &JobTopology) -> String {
 }
 
 /// The graph and topology as a JSON value (see the module docs for the shape).
-pub fn explain_json(graph: &JobGraph, topology: &JobTopology) -> Value {
+pub fn explain_json(graph: &JobGraph) -> Value {
+    let topology = graph.topology();
     let stages: Vec<Value> = graph
         .stages()
         .iter()

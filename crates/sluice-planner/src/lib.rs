@@ -4,7 +4,7 @@
 //! ```text
 //!  physical plan ──rewrites──► JobGraph::try_new ──► stages (plans with StageInputExec<usize>)
 //!                                                       │
-//!                                         JobTopology::try_new ──► task regions + dependencies
+//!                                         JobGraph::topology ──► task regions + dependencies (computed once)
 //!                                                       │
 //!                                        input_keys ──► which producer streams each task reads
 //! ```
@@ -14,6 +14,7 @@
 
 pub mod distribution;
 pub mod explain;
+pub mod ids;
 pub mod job_graph;
 pub mod plan;
 pub mod topology;
@@ -21,11 +22,15 @@ pub mod topology;
 pub use distribution::{
     Boundary, ChildUsage, DistributedExec, DistributionRules, NodeDistribution,
 };
-pub use job_graph::input_keys::{InputKey, task_input_keys};
+pub use ids::{
+    AttemptKey, InputKey, JobId, RegionId, StageId, StreamId, TaskAttempt, TaskId, TaskStreamKey,
+    WorkerId,
+};
+pub use job_graph::input_keys::task_input_keys;
 pub use job_graph::{
     DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions, OutputDistribution, OutputMode,
-    Stage, StageId, StageInput, TaskPlacement,
+    Stage, StageInput, TaskPlacement,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;
-pub use topology::{JobTopology, RegionId, TaskId, TaskRegion};
+pub use topology::{JobTopology, TaskRegion};

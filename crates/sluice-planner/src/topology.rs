@@ -20,20 +20,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use datafusion::common::{Result, internal_err};
 
-use crate::job_graph::{InputMode, JobGraph, OutputMode, StageId};
-
-/// One task: a partition of a stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId {
-    /// The stage.
-    pub stage: StageId,
-    /// The partition.
-    pub partition: usize,
-}
-
-/// A region's index in its topology (also its position in dependency order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegionId(pub usize);
+use crate::ids::{RegionId, StageId, TaskId};
+use crate::job_graph::{InputMode, OutputMode, Stage};
 
 /// Tasks scheduled together, and the regions that must finish first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,9 +48,9 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 impl JobTopology {
-    /// Groups `graph`'s tasks into regions.
-    pub fn try_new(graph: &JobGraph) -> Result<Self> {
-        let stages = graph.stages();
+    /// Groups the tasks of `stages` (a job graph's, in topological order) into regions. The job
+    /// graph does this once, when it is built: see `JobGraph::topology`.
+    pub(crate) fn build(stages: &[Stage]) -> Result<Self> {
         let mut parent: Vec<usize> = (0..stages.len()).collect();
         for (consumer, stage) in stages.iter().enumerate() {
             for input in &stage.inputs {

@@ -11,7 +11,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displaya
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::distribution::{DistributedExec, NodeDistribution};
 use sluice_planner::{
-    DISTRIBUTED_SETTINGS, DistributionRules, InputMode, JobGraph, JobGraphOptions, JobTopology,
+    DISTRIBUTED_SETTINGS, DistributionRules, InputMode, JobGraph, JobGraphOptions,
     OutputDistribution, OutputMode, RescaleExec, Stage, StageId, StageInput, StageInputExec,
     TaskPlacement,
 };
@@ -397,7 +397,7 @@ async fn forward_components_are_sliced_per_partition_and_blocking_outputs_end_co
         ),
     ];
     let g = JobGraph::from_stages(stages, schema).unwrap();
-    let t = JobTopology::try_new(&g).unwrap();
+    let t = g.topology();
     let regions = t.regions();
     assert_eq!(regions.len(), 3, "{regions:?}");
     // Stages 0 and 1 (Forward, equal partitions) are sliced into one region per partition.
@@ -430,7 +430,7 @@ async fn a_forward_consumer_of_a_blocking_producer_depends_on_the_same_partition
         ),
     ];
     let g = JobGraph::from_stages(stages, template.schema()).unwrap();
-    let t = JobTopology::try_new(&g).unwrap();
+    let t = g.topology();
     // Single-stage components slice per partition too: region p of stage 1 waits for region p of 0.
     assert_eq!(t.regions().len(), 4);
     for p in 0..2 {

@@ -1,30 +1,43 @@
-//! Sluice's job runtime: everything that runs a job graph's tasks.
+//! Sluice's job runtime: everything that runs a job graph's tasks, whatever carries them.
 //!
 //! ```text
-//!   JobGraph + JobTopology ──► executor (driver loop: regions in dependency order)
-//!                                 │ per task
-//!                                 ▼
-//!        task::prepare_task: stage plan + ShuffleReaderExec leaves + ShuffleWriterExec root
-//!                                 │ writes / reads
-//!                                 ▼
-//!                         stream_store: channels × replicas per task, bounded memory, spill
+//!   JobGraph ─► driver (actor over the pure JobScheduler: regions, attempts, retries, placement)
+//!                 │ TaskDefinition (definition)            ▲ TaskStatusReport
+//!                 ▼ WorkerClient (transport)               │ StatusReporter
+//!               worker: task::assemble_task = ShuffleReaderExec leaves + stage plan
+//!                       + ShuffleWriterExec root, run on the task runtime
+//!                 │ writes                                 ▲ reads (same store, or StreamFetcher)
+//!                 ▼                                        │
+//!               stream_store: per attempt, pipelined (take-once) or blocking (replayable) outputs
+//!   job output ◄─ the final stage's streams (driver::output)
 //! ```
 //!
-//! This crate is the in-process path: the distributed runtime reuses task preparation, the writer and
-//! reader nodes and the stream store, and adds RPC and Arrow Flight around them. `scheduler` is the
-//! driver's pure state machine (events in, actions out) that the cluster runtime's driver actor will
-//! wrap; `analyze` builds the per-stage rows `EXPLAIN ANALYZE` adds in every distributed mode.
+//! The in-process transport lives here ([`transport`]), so `local-graph` runs the very driver and
+//! worker code a cluster runs; `sluice-cluster` adds tonic gRPC and Arrow Flight implementations of
+//! the same traits. [`runner`] holds the `JobRunner` trait and the local and local-graph runners;
+//! [`error`] carries errors across hops with their kind and text; [`analyze`] builds the per-stage
+//! rows `EXPLAIN ANALYZE` adds in every distributed mode.
 
 pub mod analyze;
 pub mod codec;
-pub mod executor;
+pub mod definition;
+pub mod driver;
+pub mod error;
 pub mod plan;
+pub mod runner;
 pub mod scheduler;
 pub mod stream_store;
 pub mod task;
+pub mod task_runtime;
+pub mod transport;
+pub mod worker;
 
-pub use executor::{ExecutorOptions, execute_graph, execute_graph_with};
-pub use stream_store::{
-    JobId, StreamStore, TaskSender, TaskStreamKey, TaskStreams, receiver_stream,
+pub use definition::{
+    StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
 };
-pub use task::{TaskInput, assemble_task, prepare_task, task_inputs};
+pub use driver::{Driver, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, StageProgress};
+pub use error::{ErrorKind, RemoteError, SluiceFailure};
+pub use runner::{JobRunner, LocalGraphRunner, LocalRunner};
+pub use stream_store::{StoreCounts, StreamStore, TaskSender, TaskStreams, receiver_stream};
+pub use task::{TaskInput, assemble_task, task_inputs};
+pub use worker::{Worker, WorkerOptions};

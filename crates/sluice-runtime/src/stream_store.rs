@@ -1,230 +1,139 @@
-//! The stream store: the output channels of a job's tasks, kept until their readers take them.
+//! The stream store: the output channels of the task attempts a worker runs (or ran), kept until their
+//! readers take them, they are released, or their job is cleaned up. One store per worker (and one
+//! for the driver's executor); the in-process transport reads it directly, the cluster serves it over
+//! Arrow Flight.
 //!
 //! ```text
-//!   task (stage s, partition p) ──ShuffleWriterExec──► channel set of s/p
-//!        channels × replicas receivers:  (c0,r0) (c0,r1) (c1,r0) (c1,r1) …
-//!                                           │
-//!   consumer task t ──ShuffleReaderExec── take(s, InputKey{p, c, r}) ──► stream
+//!   task attempt (job, stage s, partition p, attempt a) ── create_output ──► output of that attempt
+//!      pipelined: channels × replicas channel receivers, each taken once, backpressure, spill
+//!      blocking:  one replayable buffer per channel, read by any number of readers, spill
+//!   reader ── take(StreamId {stream (…, channel c), replica r}) ──► record-batch stream
 //! ```
 //!
-//! Every output stream of a task exists once per replica (`JobGraph::replicas`), so each reader takes
-//! its own copy. Invariants: each (task, channel, replica) stream is taken at most once (a second take
-//! is an error naming the stream, never a silently empty read); memory is bounded by the channel sets'
-//! `MemoryPool` reservations with spill to disk; dropping the store (or a taken stream) frees
-//! everything still buffered.
+//! Invariants:
+//! - outputs are keyed by attempt, so a retried task's streams never mix with its earlier attempts';
+//! - a pipelined stream (channel, replica) is taken at most once; a second take is an error naming
+//!   it. A blocking stream is replayable: every replica and every retried reader reads it all again;
+//! - a take that arrives before its task created the output waits (bounded by the read timeout, then
+//!   a clear error); a take for a job already cleaned up, or an output released, fails at once;
+//! - a release (no consumer will read the rest) drops what the attempt's output still holds, now or,
+//!   if the output does not exist yet, when it is created, so a producer never waits for a reader
+//!   that will not come;
+//! - memory is bounded by `MemoryPool` reservations with spill to disk; removing a job drops every
+//!   buffered batch and spill file it still had here.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, SpillMetrics};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::stream;
-use sluice_planner::{InputKey, JobGraph, OutputMode, StageId};
-use sluice_shuffle::{ChannelReceiver, ChannelSender, channel_set};
+use futures::{TryStreamExt, stream};
+use sluice_planner::{AttemptKey, InputKey, JobId, OutputMode, StageId, StreamId};
+use sluice_shuffle::{ChannelReceiver, ChannelSender, ReplayReader, ReplayableOutput, channel_set};
+use tokio::sync::Notify;
 
-/// A job's id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct JobId(pub u64);
+use crate::error::transport_error;
 
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// Names one output stream of one task attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskStreamKey {
-    /// The job.
-    pub job: JobId,
-    /// The producer stage.
-    pub stage: StageId,
-    /// The producer partition.
-    pub partition: usize,
-    /// The task attempt.
-    pub attempt: usize,
-    /// The output channel.
-    pub channel: usize,
-}
-
-impl fmt::Display for TaskStreamKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "job {} stage {} partition {} attempt {} channel {}",
-            self.job, self.stage, self.partition, self.attempt, self.channel
-        )
-    }
-}
-
-/// Batches queued per channel before a producer waits (when every channel is full).
+/// Batches queued per pipelined channel before a producer waits (when every channel is full).
 const CHANNEL_CAPACITY: usize = 2;
 
-struct TaskOutput {
-    sender: Option<ChannelSender>,
-    receivers: Vec<Option<ChannelReceiver>>,
-    channels: usize,
-    replicas: usize,
-}
+/// Jobs remembered as cleaned up, so late reads fail at once instead of waiting.
+const CLEANED_JOBS_KEPT: usize = 4096;
 
-/// Where a task's readers get their input streams and its writer its output channels: the in-process
-/// [`StreamStore`] of a whole job, or a worker's store plus remote reads for one task.
+/// Where a task's readers get their input streams and its writer its output channels.
 pub trait TaskStreams: fmt::Debug + Send + Sync {
-    /// The stream `key` of `stage`'s output; each may be taken once. The returned stream may connect
-    /// lazily, on its first poll.
+    /// The stream `key` of `stage`'s output. The returned stream may connect lazily, on its first
+    /// poll.
     fn take_stream(&self, stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream>;
 
     /// The writer side of task (`stage`, `partition`), taken once by the task that runs it.
     fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender>;
 }
 
-/// The streams of one job's tasks in this process; see the module docs.
+enum Output {
+    Pipelined {
+        receivers: Vec<Option<ChannelReceiver>>,
+        replicas: usize,
+        schema: SchemaRef,
+    },
+    Blocking {
+        output: Arc<ReplayableOutput>,
+        replicas: usize,
+        schema: SchemaRef,
+    },
+}
+
+impl Output {
+    fn untaken(&self) -> usize {
+        match self {
+            Output::Pipelined { receivers, .. } => receivers.iter().filter(|r| r.is_some()).count(),
+            Output::Blocking {
+                output, replicas, ..
+            } => output.channels() * replicas,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    outputs: HashMap<AttemptKey, Output>,
+    released: HashSet<AttemptKey>,
+    cleaned: BTreeSet<JobId>,
+}
+
+/// What a store holds, for tests and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreCounts {
+    /// Task attempt outputs present.
+    pub outputs: usize,
+    /// Streams a reader could still take.
+    pub untaken_streams: usize,
+}
+
+/// The stream store of one worker; see the module docs.
 pub struct StreamStore {
-    job: JobId,
-    outputs: Mutex<HashMap<(StageId, usize), TaskOutput>>,
-    schemas: HashMap<StageId, SchemaRef>,
+    name: String,
+    state: Mutex<State>,
+    changed: Notify,
+    runtime: Arc<RuntimeEnv>,
+    read_timeout: Duration,
 }
 
 impl fmt::Debug for StreamStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StreamStore")
-            .field("job", &self.job)
+            .field("name", &self.name)
             .finish()
     }
 }
 
-impl StreamStore {
-    /// Creates the output channels of every task of `graph` (attempt 0), with memory from `runtime`.
-    pub fn for_graph(job: JobId, graph: &JobGraph, runtime: &Arc<RuntimeEnv>) -> Self {
-        let mut outputs = HashMap::new();
-        let mut schemas = HashMap::new();
-        let spill_metrics = ExecutionPlanMetricsSet::new();
-        for (id, stage) in graph.stages().iter().enumerate() {
-            let stage_id = StageId(id);
-            let channels = stage.distribution.channels();
-            let replicas = graph.replicas(stage_id);
-            // A blocking output is read only after its producer finished: never make it wait.
-            let capacity = match stage.mode {
-                OutputMode::Pipelined => CHANNEL_CAPACITY,
-                OutputMode::Blocking => usize::MAX,
-            };
-            let schema = stage.plan.schema();
-            schemas.insert(stage_id, schema.clone());
-            for partition in 0..stage.partitions() {
-                let name = format!("job {job} stage {id} partition {partition}");
-                let (sender, receivers) = channel_set(
-                    &name,
-                    channels * replicas,
-                    capacity,
-                    schema.clone(),
-                    runtime.clone(),
-                    SpillMetrics::new(&spill_metrics, partition),
-                );
-                let output = TaskOutput {
-                    sender: Some(sender),
-                    receivers: receivers.into_iter().map(Some).collect(),
-                    channels,
-                    replicas,
-                };
-                outputs.insert((stage_id, partition), output);
-            }
-        }
-        Self {
-            job,
-            outputs: Mutex::new(outputs),
-            schemas,
-        }
-    }
+/// One taken stream's receiving side.
+pub enum StreamReceiver {
+    /// A pipelined channel (taken once).
+    Pipelined(ChannelReceiver),
+    /// A reader of a replayable blocking channel.
+    Blocking(ReplayReader),
+}
 
-    fn lock(&self) -> Result<MutexGuard<'_, HashMap<(StageId, usize), TaskOutput>>> {
-        self.outputs.lock().map_err(|_| {
-            DataFusionError::Internal(format!("job {}: stream store poisoned", self.job))
-        })
-    }
-
-    fn take_sender_inner(&self, stage: StageId, partition: usize) -> Result<TaskSender> {
-        let mut outputs = self.lock()?;
-        let Some(output) = outputs.get_mut(&(stage, partition)) else {
-            return internal_err!(
-                "job {}: stage {stage} has no partition {partition}",
-                self.job
-            );
-        };
-        match output.sender.take() {
-            Some(sender) => Ok(TaskSender {
-                sender,
-                channels: output.channels,
-                replicas: output.replicas,
-            }),
-            None => internal_err!(
-                "job {}: the output of stage {stage} partition {partition} is already being written",
-                self.job
-            ),
+impl StreamReceiver {
+    /// The next batch, `None` at the end.
+    pub async fn recv(&mut self) -> Option<Result<RecordBatch>> {
+        match self {
+            StreamReceiver::Pipelined(receiver) => receiver.recv().await,
+            StreamReceiver::Blocking(reader) => reader.recv().await,
         }
-    }
-
-    pub(crate) fn take_stream_inner(
-        &self,
-        stage: StageId,
-        key: InputKey,
-    ) -> Result<SendableRecordBatchStream> {
-        let stream_key = TaskStreamKey {
-            job: self.job,
-            stage,
-            partition: key.partition,
-            attempt: 0,
-            channel: key.channel,
-        };
-        let receiver = {
-            let mut outputs = self.lock()?;
-            let Some(output) = outputs.get_mut(&(stage, key.partition)) else {
-                return internal_err!("no stream {stream_key}: the task does not exist");
-            };
-            if key.channel >= output.channels || key.replica >= output.replicas {
-                return internal_err!(
-                    "no stream {stream_key} replica {}: the task writes {} channels in {} replicas",
-                    key.replica,
-                    output.channels,
-                    output.replicas
-                );
-            }
-            let index = key.channel * output.replicas + key.replica;
-            match output.receivers.get_mut(index).and_then(Option::take) {
-                Some(receiver) => receiver,
-                None => {
-                    return internal_err!(
-                        "stream {stream_key} replica {} was already read; stage streams are read once",
-                        key.replica
-                    );
-                }
-            }
-        };
-        let schema = self
-            .schemas
-            .get(&stage)
-            .cloned()
-            .ok_or_else(|| DataFusionError::Internal(format!("no schema for stage {stage}")))?;
-        Ok(receiver_stream(schema, receiver))
     }
 }
 
-impl TaskStreams for StreamStore {
-    fn take_stream(&self, stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream> {
-        self.take_stream_inner(stage, key)
-    }
-
-    fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender> {
-        self.take_sender_inner(stage, partition)
-    }
-}
-
-/// A channel receiver as a record-batch stream of `schema`.
-pub fn receiver_stream(schema: SchemaRef, receiver: ChannelReceiver) -> SendableRecordBatchStream {
+/// A receiver as a record-batch stream of `schema`.
+pub fn receiver_stream(schema: SchemaRef, receiver: StreamReceiver) -> SendableRecordBatchStream {
     let batches = stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|batch| (batch, receiver))
     });
@@ -232,55 +141,451 @@ pub fn receiver_stream(schema: SchemaRef, receiver: ChannelReceiver) -> Sendable
 }
 
 impl StreamStore {
-    /// Drops every stream of `stage` that no reader took: its consumers finished without reading it
-    /// (a join that skipped its probe side, a satisfied limit), so its producers must not wait for it.
-    pub fn release_stage(&self, stage: StageId) -> Result<()> {
-        let mut outputs = self.lock()?;
-        for ((s, _), output) in outputs.iter_mut() {
-            if *s == stage {
-                output.receivers.iter_mut().for_each(|r| drop(r.take()));
+    /// An empty store named `name` (it names the worker in errors), with memory from `runtime` and
+    /// reads waiting at most `read_timeout` for an output to appear.
+    pub fn new(name: impl Into<String>, runtime: Arc<RuntimeEnv>, read_timeout: Duration) -> Self {
+        Self {
+            name: name.into(),
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            runtime,
+            read_timeout,
+        }
+    }
+
+    /// The runtime whose memory pool and disk the store's buffers use.
+    pub fn runtime(&self) -> &Arc<RuntimeEnv> {
+        &self.runtime
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| DataFusionError::Internal(format!("{}: stream store poisoned", self.name)))
+    }
+
+    /// Creates the output channels of a task attempt and returns their writer.
+    pub fn create_output(
+        &self,
+        key: AttemptKey,
+        channels: usize,
+        replicas: usize,
+        mode: OutputMode,
+        schema: SchemaRef,
+    ) -> Result<TaskSender> {
+        let name = format!("{} {key}", self.name);
+        let spill = SpillMetrics::new(&ExecutionPlanMetricsSet::new(), key.partition);
+        let replicas = replicas.max(1);
+        let (output, sender) = match mode {
+            OutputMode::Pipelined => {
+                let (sender, receivers) = channel_set(
+                    &name,
+                    channels * replicas,
+                    CHANNEL_CAPACITY,
+                    schema.clone(),
+                    self.runtime.clone(),
+                    spill,
+                );
+                let output = Output::Pipelined {
+                    receivers: receivers.into_iter().map(Some).collect(),
+                    replicas,
+                    schema,
+                };
+                (output, SenderKind::Pipelined { sender, replicas })
+            }
+            OutputMode::Blocking => {
+                let buffer = ReplayableOutput::new(
+                    &name,
+                    channels,
+                    schema.clone(),
+                    self.runtime.clone(),
+                    spill,
+                );
+                let output = Output::Blocking {
+                    output: Arc::clone(&buffer),
+                    replicas,
+                    schema,
+                };
+                (output, SenderKind::Blocking(BlockingWriter(buffer)))
+            }
+        };
+        {
+            let mut state = self.lock()?;
+            if state.cleaned.contains(&key.job) {
+                return Err(transport_error(format!(
+                    "{}: job {} was already cleaned up",
+                    self.name, key.job
+                )));
+            }
+            if state.outputs.contains_key(&key) {
+                return Err(DataFusionError::Internal(format!(
+                    "{}: the output of {key} already exists",
+                    self.name
+                )));
+            }
+            // Released before it existed: its consumers are done; keep nothing.
+            if !state.released.contains(&key) {
+                state.outputs.insert(key, output);
             }
         }
+        self.changed.notify_waiters();
+        Ok(TaskSender {
+            kind: sender,
+            channels,
+        })
+    }
+
+    /// Takes stream `id`, waiting up to the read timeout for its task to create it.
+    pub async fn take(&self, id: StreamId) -> Result<(SchemaRef, StreamReceiver)> {
+        let deadline = tokio::time::Instant::now() + self.read_timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(found) = self.try_take(id)? {
+                return Ok(found);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(transport_error(format!(
+                    "{}: {id} did not appear within {} s (its task never started here)",
+                    self.name,
+                    self.read_timeout.as_secs_f64()
+                )));
+            }
+        }
+    }
+
+    /// Stream `id` as a lazy record-batch stream of `schema`: the take happens on its first poll.
+    pub fn take_stream(
+        self: &Arc<Self>,
+        id: StreamId,
+        schema: SchemaRef,
+    ) -> SendableRecordBatchStream {
+        let store = Arc::clone(self);
+        let read = async move {
+            let (schema, receiver) = store.take(id).await?;
+            Ok::<_, DataFusionError>(receiver_stream(schema, receiver))
+        };
+        Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            stream::once(read).try_flatten(),
+        ))
+    }
+
+    fn try_take(&self, id: StreamId) -> Result<Option<(SchemaRef, StreamReceiver)>> {
+        let mut state = self.lock()?;
+        if state.cleaned.contains(&id.stream.job) {
+            return Err(transport_error(format!(
+                "{}: {id} is gone: job {} was cleaned up",
+                self.name, id.stream.job
+            )));
+        }
+        if state.released.contains(&id.attempt_key()) {
+            return Err(transport_error(format!(
+                "{}: {id} was released: every consumer of its task finished",
+                self.name
+            )));
+        }
+        let Some(output) = state.outputs.get_mut(&id.attempt_key()) else {
+            return Ok(None);
+        };
+        let channel = id.stream.channel;
+        match output {
+            Output::Pipelined {
+                receivers,
+                replicas,
+                schema,
+            } => {
+                let channels = receivers.len() / (*replicas).max(1);
+                if channel >= channels || id.replica >= *replicas {
+                    return Err(DataFusionError::Internal(format!(
+                        "{}: no {id}: the task writes {channels} channels in {replicas} replicas",
+                        self.name
+                    )));
+                }
+                match receivers
+                    .get_mut(channel * *replicas + id.replica)
+                    .and_then(Option::take)
+                {
+                    Some(receiver) => {
+                        Ok(Some((schema.clone(), StreamReceiver::Pipelined(receiver))))
+                    }
+                    None => Err(DataFusionError::Internal(format!(
+                        "{}: {id} was already read; pipelined task streams are read once",
+                        self.name
+                    ))),
+                }
+            }
+            Output::Blocking {
+                output,
+                replicas,
+                schema,
+            } => {
+                if id.replica >= *replicas {
+                    return Err(DataFusionError::Internal(format!(
+                        "{}: no {id}: the task writes {replicas} replicas",
+                        self.name
+                    )));
+                }
+                let reader = output.reader(channel)?;
+                Ok(Some((schema.clone(), StreamReceiver::Blocking(reader))))
+            }
+        }
+    }
+
+    /// No consumer will read more of attempt `key`'s output: drops what the store still holds of it,
+    /// now or when the attempt creates it.
+    pub fn release(&self, key: AttemptKey) -> Result<()> {
+        let removed = {
+            let mut state = self.lock()?;
+            if state.cleaned.contains(&key.job) {
+                return Ok(());
+            }
+            state.released.insert(key);
+            state.outputs.remove(&key)
+        };
+        drop(removed);
         Ok(())
+    }
+
+    /// Removes one attempt's output (a stopped or replaced attempt).
+    pub fn remove_attempt(&self, key: AttemptKey) -> Result<()> {
+        let removed = self.lock()?.outputs.remove(&key);
+        drop(removed);
+        Ok(())
+    }
+
+    /// Removes everything of `job` and fails later reads of it at once.
+    pub fn remove_job(&self, job: JobId) -> Result<()> {
+        let removed: Vec<Output> = {
+            let mut state = self.lock()?;
+            state.released.retain(|key| key.job != job);
+            state.cleaned.insert(job);
+            while state.cleaned.len() > CLEANED_JOBS_KEPT {
+                state.cleaned.pop_first();
+            }
+            let keys: Vec<AttemptKey> = state
+                .outputs
+                .keys()
+                .filter(|k| k.job == job)
+                .copied()
+                .collect();
+            keys.iter()
+                .filter_map(|k| state.outputs.remove(k))
+                .collect()
+        };
+        drop(removed);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// What the store holds now.
+    pub fn counts(&self) -> StoreCounts {
+        let Ok(state) = self.lock() else {
+            return StoreCounts::default();
+        };
+        StoreCounts {
+            outputs: state.outputs.len(),
+            untaken_streams: state.outputs.values().map(Output::untaken).sum(),
+        }
     }
 }
 
-/// The writer side of one task's output: every batch for a channel goes to each of its replicas.
+/// Closes a blocking output when its writer goes away (its task ended, either way).
+struct BlockingWriter(Arc<ReplayableOutput>);
+
+impl Drop for BlockingWriter {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+enum SenderKind {
+    Pipelined {
+        sender: ChannelSender,
+        replicas: usize,
+    },
+    Blocking(BlockingWriter),
+}
+
+/// The writer side of one task attempt's output.
 pub struct TaskSender {
-    sender: ChannelSender,
+    kind: SenderKind,
     channels: usize,
-    replicas: usize,
 }
 
 impl TaskSender {
-    /// The writer of a channel set of `channels × replicas` channels (channel `c`, replica `r` at
-    /// index `c * replicas + r`).
-    pub fn new(sender: ChannelSender, channels: usize, replicas: usize) -> Self {
-        Self {
-            sender,
-            channels,
-            replicas,
-        }
-    }
-
     /// Number of channels (replicas excluded).
     pub fn channels(&self) -> usize {
         self.channels
     }
 
-    /// Sends `batch` to every replica of `channel`; `false` when no reader is left.
-    pub async fn send(
-        &self,
-        channel: usize,
-        batch: datafusion::arrow::array::RecordBatch,
-    ) -> Result<bool> {
-        let mut open = false;
-        for replica in 0..self.replicas {
-            open |= self
-                .sender
-                .send(channel * self.replicas + replica, batch.clone())
-                .await?;
+    /// Sends `batch` to `channel` (every replica of it); `false` when no reader is left.
+    pub async fn send(&self, channel: usize, batch: RecordBatch) -> Result<bool> {
+        match &self.kind {
+            SenderKind::Pipelined { sender, replicas } => {
+                let mut open = false;
+                for replica in 0..*replicas {
+                    open |= sender
+                        .send(channel * replicas + replica, batch.clone())
+                        .await?;
+                }
+                Ok(open)
+            }
+            SenderKind::Blocking(writer) => {
+                writer.0.append(channel, batch)?;
+                Ok(true)
+            }
         }
-        Ok(open)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int32Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]))
+    }
+
+    fn batch(values: &[i32]) -> RecordBatch {
+        RecordBatch::try_new(schema(), vec![Arc::new(Int32Array::from(values.to_vec()))]).unwrap()
+    }
+
+    fn key(attempt: usize) -> AttemptKey {
+        AttemptKey {
+            job: JobId(1),
+            stage: StageId(0),
+            partition: 0,
+            attempt,
+        }
+    }
+
+    fn store() -> Arc<StreamStore> {
+        Arc::new(StreamStore::new(
+            "worker 1",
+            Arc::new(RuntimeEnv::default()),
+            Duration::from_millis(200),
+        ))
+    }
+
+    async fn rows(store: &Arc<StreamStore>, id: StreamId) -> Result<Vec<i32>> {
+        let mut stream = store.take_stream(id, schema());
+        let mut values = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .unwrap();
+            values.extend(column.values().iter().copied());
+        }
+        Ok(values)
+    }
+
+    #[tokio::test]
+    async fn a_pipelined_stream_is_read_once_and_a_blocking_one_again_and_again() {
+        let store = store();
+        let sender = store
+            .create_output(key(0), 1, 1, OutputMode::Pipelined, schema())
+            .unwrap();
+        let blocking = store
+            .create_output(key(1), 2, 3, OutputMode::Blocking, schema())
+            .unwrap();
+        let id = key(0).stream(0).replica(0);
+        let reading = tokio::spawn({
+            let store = store.clone();
+            async move { rows(&store, id).await }
+        });
+        assert!(sender.send(0, batch(&[1, 2])).await.unwrap());
+        drop(sender);
+        assert_eq!(reading.await.unwrap().unwrap(), [1, 2]);
+        let again = rows(&store, id).await.unwrap_err().to_string();
+        assert!(again.contains("was already read"), "{again}");
+
+        blocking.send(1, batch(&[7])).await.unwrap();
+        blocking.send(1, batch(&[8, 9])).await.unwrap();
+        drop(blocking);
+        for replica in 0..3 {
+            assert_eq!(
+                rows(&store, key(1).stream(1).replica(replica))
+                    .await
+                    .unwrap(),
+                [7, 8, 9]
+            );
+        }
+        // Read again (a retried consumer).
+        assert_eq!(
+            rows(&store, key(1).stream(1).replica(0)).await.unwrap(),
+            [7, 8, 9]
+        );
+        assert!(
+            rows(&store, key(1).stream(0).replica(0))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_read_before_the_output_waits_and_times_out_naming_the_stream() {
+        let store = store();
+        let id = key(0).stream(0).replica(0);
+        let error = rows(&store, id).await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "External error: worker 1: stream job 1 stage 0 partition 0 attempt 0 channel 0 \
+             replica 0 did not appear within 0.2 s (its task never started here)"
+        );
+        assert_eq!(
+            crate::error::ErrorKind::of(&error),
+            crate::error::ErrorKind::Transport
+        );
+    }
+
+    #[tokio::test]
+    async fn a_release_before_the_output_exists_applies_when_it_is_created() {
+        let store = store();
+        store.release(key(0)).unwrap();
+        let sender = store
+            .create_output(key(0), 1, 1, OutputMode::Pipelined, schema())
+            .unwrap();
+        // No reader will come: the producer learns at once and stops.
+        assert!(!sender.send(0, batch(&[1])).await.unwrap());
+        assert_eq!(store.counts(), StoreCounts::default());
+        let error = rows(&store, key(0).stream(0).replica(0)).await.unwrap_err();
+        assert!(error.to_string().contains("was released"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn removing_a_job_frees_its_outputs_and_fails_later_reads_at_once() {
+        let store = store();
+        let _sender = store
+            .create_output(key(0), 2, 1, OutputMode::Pipelined, schema())
+            .unwrap();
+        assert_eq!(
+            store.counts(),
+            StoreCounts {
+                outputs: 1,
+                untaken_streams: 2
+            }
+        );
+        store.remove_job(JobId(1)).unwrap();
+        assert_eq!(store.counts(), StoreCounts::default());
+        let error = rows(&store, key(0).stream(0).replica(0)).await.unwrap_err();
+        assert!(
+            error.to_string().contains("job 1 was cleaned up"),
+            "{error}"
+        );
+        assert!(
+            store
+                .create_output(key(1), 1, 1, OutputMode::Pipelined, schema())
+                .is_err()
+        );
     }
 }

@@ -13,8 +13,8 @@
 //! shares between the partitions of one instance (collected build sides, file work queues, dynamic
 //! filters) is never shared between tasks: a task sees exactly what it would see on a remote worker.
 //!
-//! [`prepare_task`] works from the job graph (the in-process executor); [`assemble_task`] from the
-//! per-input stream keys a task definition carries (a worker, which never sees the graph).
+//! [`task_inputs`] is what the driver computes from the job graph for a task definition;
+//! [`assemble_task`] is what a worker builds from those keys (it never sees the graph).
 
 use std::sync::Arc;
 
@@ -99,28 +99,6 @@ fn placeholder_partitions(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<Option<us
         Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     })?;
     Ok(counts)
-}
-
-/// The plan task (`stage`, `partition`) executes: `stage_plan` (the stage's plan, as decoded from the
-/// wire) with readers for its inputs and a writer at the root. Execute it at `partition`.
-pub fn prepare_task(
-    graph: &JobGraph,
-    stage_id: StageId,
-    stage_plan: Arc<dyn ExecutionPlan>,
-    partition: usize,
-    streams: &Arc<dyn TaskStreams>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let stage = graph
-        .stage(stage_id)
-        .ok_or_else(|| DataFusionError::Internal(format!("the job has no stage {stage_id}")))?;
-    let inputs = task_inputs(graph, stage_id, partition)?;
-    assemble_task(
-        stage_id,
-        stage_plan,
-        &inputs,
-        stage.distribution.clone(),
-        streams,
-    )
 }
 
 /// The task plan from a stage plan and its inputs' stream keys: each `StageInputExec<usize>` becomes

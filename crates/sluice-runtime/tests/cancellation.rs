@@ -1,5 +1,8 @@
-//! Cancellation through the shuffle writer and reader: dropping the job output stops every task and
-//! drops every input stream; a consumer that stops early (a limit) stops its producers.
+//! Cancellation through the driver, the shuffle writer and the shuffle reader: dropping the job
+//! output stops every task and drops every input stream; a consumer that stops early (a limit)
+//! stops its producers. The endless source has no wire form, so the tests register it as a
+//! driver-placed node (the `DistributedExec` extension point): it runs on the driver's executor and
+//! the in-process worker reads it like any other stream.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fmt;
@@ -22,14 +25,10 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, expressions::col,
 };
 use futures::StreamExt;
-use sluice_planner::JobGraph;
-use sluice_runtime::ExecutorOptions;
-
-/// `EndlessExec` has no wire form; these tests exercise the in-process path only.
-const IN_PROCESS_ONLY: ExecutorOptions = ExecutorOptions {
-    require_wire_form: false,
-    decode_from_wire: false,
+use sluice_planner::{
+    DistributedExec, DistributionRules, JobGraph, JobGraphOptions, NodeDistribution,
 };
+use sluice_runtime::runner::{LocalGraph, LocalGraphOptions};
 
 /// Counts its live output streams.
 struct Live(Arc<AtomicUsize>);
@@ -111,6 +110,55 @@ impl ExecutionPlan for EndlessExec {
     }
 }
 
+impl DistributedExec for EndlessExec {
+    fn distribution(&self) -> NodeDistribution {
+        NodeDistribution::Driver {
+            whole_subtree: true,
+        }
+    }
+}
+
+fn job_graph(plan: Arc<dyn ExecutionPlan>) -> JobGraph {
+    let mut rules = DistributionRules::default();
+    rules.register::<EndlessExec>();
+    let options = JobGraphOptions {
+        rules,
+        ..JobGraphOptions::default()
+    };
+    JobGraph::try_new_with(plan, &options).unwrap()
+}
+
+async fn run(graph: JobGraph) -> (LocalGraph, SendableRecordBatchStream) {
+    let local = LocalGraph::start(LocalGraphOptions::default())
+        .await
+        .unwrap();
+    let output = local
+        .driver()
+        .execute(graph, Arc::new(TaskContext::default()));
+    (local, output)
+}
+
+/// Waits until no task runs and no stream is held anywhere.
+async fn wait_until_idle(local: &LocalGraph) {
+    let start = Instant::now();
+    loop {
+        let (driver, workers) = local.snapshot().await.unwrap();
+        let idle = driver.jobs == 0
+            && driver.running_tasks == 0
+            && workers
+                .iter()
+                .all(|(tasks, store)| *tasks == 0 && store.outputs == 0);
+        if idle {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "still busy 2 s after cancellation: {driver:?} {workers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn wait_until_none_live(live: &AtomicUsize) {
     let start = Instant::now();
     while live.load(Ordering::SeqCst) > 0 {
@@ -132,13 +180,9 @@ fn hash_shuffled(live: &Arc<AtomicUsize>) -> Arc<dyn ExecutionPlan> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_job_output_stops_every_task() {
     let live = Arc::new(AtomicUsize::new(0));
-    let graph = JobGraph::try_new(hash_shuffled(&live)).unwrap();
-    assert_eq!(graph.stages().len(), 2);
-    let mut output = sluice_runtime::execute_graph_with(
-        graph,
-        Arc::new(TaskContext::default()),
-        IN_PROCESS_ONLY,
-    );
+    let graph = job_graph(hash_shuffled(&live));
+    assert_eq!(graph.stages().len(), 3);
+    let (local, mut output) = run(graph).await;
     assert_eq!(
         live.load(Ordering::SeqCst),
         0,
@@ -150,6 +194,7 @@ async fn dropping_the_job_output_stops_every_task() {
     assert_eq!(live.load(Ordering::SeqCst), 2);
     drop(output);
     wait_until_none_live(&live).await;
+    wait_until_idle(&local).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,12 +202,7 @@ async fn a_satisfied_limit_stops_its_producers_and_the_job_ends() {
     let live = Arc::new(AtomicUsize::new(0));
     let coalesced = Arc::new(CoalescePartitionsExec::new(hash_shuffled(&live)));
     let limit = Arc::new(GlobalLimitExec::new(coalesced, 10, Some(100)));
-    let graph = JobGraph::try_new(limit).unwrap();
-    let output = sluice_runtime::execute_graph_with(
-        graph,
-        Arc::new(TaskContext::default()),
-        IN_PROCESS_ONLY,
-    );
+    let (local, output) = run(job_graph(limit)).await;
     let rows: usize = tokio::time::timeout(Duration::from_secs(10), output.collect::<Vec<_>>())
         .await
         .expect("the job did not end after its limit was reached")
@@ -171,4 +211,5 @@ async fn a_satisfied_limit_stops_its_producers_and_the_job_ends() {
         .sum();
     assert_eq!(rows, 100);
     wait_until_none_live(&live).await;
+    wait_until_idle(&local).await;
 }

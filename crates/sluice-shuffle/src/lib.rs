@@ -14,6 +14,7 @@
 //!   `byte_builders` (private) holds their string and binary columns, copying each value once.
 //! - [`kernel`]: a producer partition's routing + batching, choosing builders or coalescers.
 //! - [`channels`]: channel buffers with a memory budget, DataFusion-style backpressure and lz4 IPC spill.
+//! - [`replay`]: replayable channel buffers for blocking outputs (read any number of times, spill).
 //! - [`metrics`]: rows/bytes per channel, routing and coalescing time, spill, as a DataFusion `MetricsSet`.
 //!
 //! This crate depends only on arrow and DataFusion's physical-plan layer, so it builds and benchmarks
@@ -28,6 +29,7 @@ pub mod kernel;
 pub mod metrics;
 pub mod modulo;
 pub mod partitioner;
+pub mod replay;
 
 pub use builders::ChannelBuilders;
 pub use channels::{ChannelReceiver, ChannelSender, channel_set};
@@ -36,3 +38,4 @@ pub use kernel::{KernelOptions, ShuffleKernel};
 pub use metrics::ShuffleMetrics;
 pub use modulo::FastModulo;
 pub use partitioner::{Partitioner, RoutedBatch, RoutingScheme, RoutingTimes};
+pub use replay::{ReplayReader, ReplayableOutput};

@@ -5,12 +5,14 @@
 //! are worded as DataFusion's own runner words them (`DataFusion error: …`), because the files' expected
 //! error patterns match that text.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use sluice_engine::session::collect_stream;
 use sluice_engine::{SluiceConfig, SluiceError, SluiceSession};
+use sluice_runtime::JobRunner;
 use sqllogictest::{AsyncDB, DBOutput};
 
 use crate::format::{SltColumnType, batch_rows, column_types};
@@ -52,14 +54,14 @@ pub struct SltDb {
 }
 
 impl SltDb {
-    /// A fresh session with `config`.
-    pub fn new(config: &SluiceConfig) -> Result<Self, SltError> {
+    /// A fresh session with `config`, running queries through `runner`.
+    pub fn new(config: &SluiceConfig, runner: Arc<dyn JobRunner>) -> Result<Self, SltError> {
         let working_dir = std::env::current_dir()
             .ok()
             .map(|dir| dir.to_string_lossy().trim_start_matches('/').to_string())
             .filter(|dir| !dir.is_empty());
         Ok(Self {
-            session: SluiceSession::new(config)?,
+            session: SluiceSession::new(config, runner)?,
             working_dir,
         })
     }

@@ -9,7 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use sluice_engine::SluiceConfig;
+use sluice_runtime::JobRunner;
 use sqllogictest::{Record, RecordOutput, Runner, strict_column_validator};
 
 use crate::db::SltDb;
@@ -138,10 +141,14 @@ fn failed_file(path: &Path, message: String, start: Instant) -> FileReport {
     }
 }
 
-/// Runs one file with a fresh session of `config`.
+/// Builds the job runner of each fresh session (the front end's choice of mode).
+pub type RunnerFactory = dyn Fn(&SluiceConfig) -> Arc<dyn JobRunner> + Send + Sync;
+
+/// Runs one file with a fresh session of `config`, whose runner `runners` builds.
 pub async fn run_file(
     path: &Path,
     config: &SluiceConfig,
+    runners: &Arc<RunnerFactory>,
     options: SltOptions,
     progress: &mut (dyn FnMut(SltEvent) + Send),
 ) -> FileReport {
@@ -166,9 +173,11 @@ pub async fn run_file(
     progress(SltEvent::Started { records: countable });
 
     let connection_config = config.clone();
+    let runners = Arc::clone(runners);
     let mut runner = Runner::new(move || {
         let config = connection_config.clone();
-        async move { SltDb::new(&config) }
+        let job_runner = runners(&config);
+        async move { SltDb::new(&config, job_runner) }
     });
     runner.add_label(LABEL);
     runner.with_column_validator(strict_column_validator);
@@ -249,6 +258,10 @@ mod tests {
         crate::slt_config(&SluiceConfig::default()).unwrap()
     }
 
+    fn local() -> Arc<RunnerFactory> {
+        Arc::new(|_: &SluiceConfig| Arc::new(sluice_runtime::LocalRunner) as Arc<dyn JobRunner>)
+    }
+
     #[tokio::test]
     async fn counts_passes_failures_and_skips() {
         let file = write_slt(
@@ -259,7 +272,14 @@ mod tests {
              skipif Datafusion\nquery I\nselect 1\n----\n1\n\n\
              statement error DataFusion error: Error during planning: .*nope.*\nselect * from nope\n",
         );
-        let report = run_file(file.path(), &config(), SltOptions::default(), &mut |_| {}).await;
+        let report = run_file(
+            file.path(),
+            &config(),
+            &local(),
+            SltOptions::default(),
+            &mut |_| {},
+        )
+        .await;
         assert_eq!(
             (report.passed, report.failed, report.skipped),
             (3, 1, 2),
@@ -273,7 +293,7 @@ mod tests {
     async fn fail_fast_stops_at_the_first_failure() {
         let file = write_slt("query I\nselect 1\n----\n2\n\nquery I\nselect 2\n----\n3\n");
         let options = SltOptions { fail_fast: true };
-        let report = run_file(file.path(), &config(), options, &mut |_| {}).await;
+        let report = run_file(file.path(), &config(), &local(), options, &mut |_| {}).await;
         assert_eq!(report.failed, 1);
     }
 }

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use sluice_engine::config::Sourced;
-use sluice_engine::tpch::bench::{BenchOptions, open_tpch_data};
-use sluice_engine::tpch::{GenOptions, QUERY_NUMBERS};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
+use sluice_tpch::bench::{BenchOptions, open_tpch_data};
+use sluice_tpch::{GenOptions, QUERY_NUMBERS};
 use tokio::runtime::Runtime;
 
 use super::tpch::{default_threads, generate_with_progress, run_and_report};
@@ -42,14 +42,14 @@ pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<E
     if config.mode.source == "default" {
         config.mode = Sourced::new(ExecutionMode::LocalCluster, "sluice demo");
     }
-    let mut session = SluiceSession::new(&config)?;
+    let mut session = SluiceSession::new(&config, crate::runners::runner_for(&config))?;
     let scale_factor = runtime.block_on(open_tpch_data(&mut session, &args.data, None))?;
     let reference = if config.mode.value == ExecutionMode::Local {
         None
     } else {
         let mut local = config.clone();
         local.mode = Sourced::new(ExecutionMode::Local, "sluice demo");
-        let mut reference = SluiceSession::new(&local)?;
+        let mut reference = SluiceSession::new(&local, crate::runners::runner_for(&local))?;
         runtime.block_on(open_tpch_data(&mut reference, &args.data, None))?;
         Some(reference)
     };

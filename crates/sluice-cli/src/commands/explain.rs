@@ -49,11 +49,11 @@ pub fn run(args: ExplainArgs, config: &SluiceConfig, runtime: &Runtime) -> Resul
 
 /// The job graph of `sql` in `format`.
 pub async fn explain(session: &SluiceSession, sql: &str, format: ExplainFormat) -> Result<String> {
-    let (graph, topology) = session.job_graph(sql).await?;
+    let graph = session.job_graph(sql).await?;
     Ok(match format {
-        ExplainFormat::Text => explain_text(&graph, &topology),
+        ExplainFormat::Text => explain_text(&graph),
         ExplainFormat::Json => {
-            let json = serde_json::to_string_pretty(&explain_json(&graph, &topology))
+            let json = serde_json::to_string_pretty(&explain_json(&graph))
                 .map_err(|e| SluiceError::invalid(format!("cannot print the job graph: {e}")))?;
             json + "\n"
         }

@@ -35,6 +35,7 @@ pub fn run(args: SltArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
     let scratch = tempfile::tempdir().map_err(|e| SluiceError::io("<temp dir>", e))?;
     std::env::set_current_dir(scratch.path()).map_err(|e| SluiceError::io(scratch.path(), e))?;
 
+    let runners = crate::runners::runner_factory();
     let options = SltOptions {
         fail_fast: args.fail_fast,
     };
@@ -47,7 +48,7 @@ pub fn run(args: SltArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
             SltEvent::Record => bar.inc(1),
         };
         let report = runtime.block_on(until_ctrl_c(async {
-            Ok(run_file(path, &config, options, &mut on_event).await)
+            Ok(run_file(path, &config, &runners, options, &mut on_event).await)
         }));
         bar.finish_and_clear();
         let report = report?;

@@ -8,13 +8,14 @@ use std::time::Instant;
 use clap::Args;
 use futures::StreamExt;
 use sluice_engine::catalog::{discover_tables, parse_table_arg};
-use sluice_engine::session::strip_explain_distributed;
-use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
+use sluice_engine::{
+    ExplainFormat, Result, SluiceConfig, SluiceError, SluiceSession, SluiceStatement,
+};
 use tokio::runtime::Runtime;
 
-use super::explain::{ExplainFormat, explain};
 use crate::cancel::until_ctrl_c;
 use crate::output::{OutputFormat, ResultWriter};
+use crate::runners::runner_for;
 use crate::shell;
 
 /// Where tables come from.
@@ -44,7 +45,7 @@ impl TableArgs {
 
     /// A session for `config` with these tables registered.
     pub async fn open_session(&self, config: &SluiceConfig) -> Result<SluiceSession> {
-        let mut session = SluiceSession::new(config)?;
+        let mut session = SluiceSession::new(config, runner_for(config))?;
         self.register(&mut session).await?;
         Ok(session)
     }
@@ -98,7 +99,7 @@ pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
 /// Runs one statement, streaming its result to stdout; returns the row count.
 async fn write_statement(
     session: &SluiceSession,
-    statement: datafusion::sql::parser::Statement,
+    statement: SluiceStatement,
     format: OutputFormat,
 ) -> Result<usize> {
     let mut stream = session.execute_statement(statement).await?;
@@ -120,20 +121,29 @@ pub async fn run_statements(
     sql: &str,
     format: OutputFormat,
 ) -> Result<()> {
-    if let Some(query) = strip_explain_distributed(sql) {
-        let format = match format {
-            OutputFormat::Json | OutputFormat::Ndjson => ExplainFormat::Json,
-            _ => ExplainFormat::Text,
-        };
-        let query = query.trim_end().trim_end_matches(';');
-        print!("{}", explain(session, query, format).await?);
-        return Ok(());
-    }
     let statements = session.parse_sql(sql)?;
     if statements.is_empty() {
         return Err(SluiceError::invalid("no SQL statement given"));
     }
     for statement in statements {
+        // The job graph prints as it is, not as a one-cell table; JSON output asks for JSON.
+        if let SluiceStatement::ExplainDistributed {
+            statement,
+            format: explain_format,
+        } = statement
+        {
+            let explain_format = match format {
+                OutputFormat::Json | OutputFormat::Ndjson => ExplainFormat::Json,
+                _ => explain_format,
+            };
+            print!(
+                "{}",
+                session
+                    .explain_distributed(statement, explain_format)
+                    .await?
+            );
+            continue;
+        }
         let start = Instant::now();
         let line = crate::progress::job_line();
         let show = |text: &str| line.set_message(text.to_string());

@@ -5,11 +5,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use sluice_engine::tpch::bench::{
-    BenchEvent, BenchOptions, BenchReport, open_tpch_data, run_benchmark,
-};
-use sluice_engine::tpch::{GenEvent, GenOptions, Manifest, QUERY_NUMBERS, generate};
 use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
+use sluice_tpch::bench::{BenchEvent, BenchOptions, BenchReport, open_tpch_data, run_benchmark};
+use sluice_tpch::{GenEvent, GenOptions, Manifest, QUERY_NUMBERS, generate};
 use tokio::runtime::Runtime;
 
 use crate::cancel::until_ctrl_c;
@@ -92,7 +90,7 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
             if args.iterations == 0 {
                 return Err(SluiceError::invalid("--iterations must be at least 1"));
             }
-            let mut session = SluiceSession::new(config)?;
+            let mut session = SluiceSession::new(config, crate::runners::runner_for(config))?;
             let scale_factor =
                 runtime.block_on(open_tpch_data(&mut session, &args.data, args.scale))?;
             let options = BenchOptions {

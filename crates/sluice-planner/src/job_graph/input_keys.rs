@@ -19,18 +19,8 @@
 use datafusion::common::{Result, plan_err};
 
 use super::InputMode;
+use crate::ids::InputKey;
 use crate::plan::rescale::rescale_range;
-
-/// One producer output stream: a task's partition, one of its channels, one replica of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InputKey {
-    /// Producer partition.
-    pub partition: usize,
-    /// Channel of that partition's output.
-    pub channel: usize,
-    /// Replica of that channel.
-    pub replica: usize,
-}
 
 /// The streams consumer task `task` reads for each partition of an input in `mode` from a producer
 /// with `producer_partitions` partitions and `producer_channels` channels, whose placeholder has

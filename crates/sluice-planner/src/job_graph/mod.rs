@@ -25,8 +25,8 @@
 mod builder;
 pub mod input_keys;
 pub mod rewrites;
+mod wire_fidelity;
 
-use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -35,6 +35,8 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::distribution::DistributionRules;
+pub use crate::ids::StageId;
+use crate::topology::JobTopology;
 
 /// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
 /// stages run as separate tasks, each with its own plan instance:
@@ -56,16 +58,6 @@ pub const DISTRIBUTED_SETTINGS: &[(&str, &str)] = &[
         "false",
     ),
 ];
-
-/// A stage's index in its job graph (also its position in topological order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StageId(pub usize);
-
-impl fmt::Display for StageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
 
 /// How a consumer stage reads a producer stage's output streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -168,7 +160,8 @@ impl OutputDistribution {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TaskPlacement {
     /// On the driver: nodes that cannot be shipped to workers (system tables, generated series,
-    /// recursive queries).
+    /// recursive queries, sinks into the driver's catalog) and plans whose wire form is not exact
+    /// (a `Float16` literal).
     Driver,
     /// On workers.
     Worker,
@@ -242,6 +235,7 @@ impl Default for JobGraphOptions {
 pub struct JobGraph {
     stages: Vec<Stage>,
     schema: SchemaRef,
+    topology: JobTopology,
 }
 
 impl JobGraph {
@@ -260,7 +254,7 @@ impl JobGraph {
             plan
         };
         let stages = builder::build_stages(plan, options)?;
-        Ok(Self { stages, schema })
+        Self::from_stages(stages, schema)
     }
 
     /// Assembles a graph from stages already in topological order (for tests and tools).
@@ -288,7 +282,12 @@ impl JobGraph {
         if stages.is_empty() {
             return datafusion::common::plan_err!("a job graph needs at least one stage");
         }
-        Ok(Self { stages, schema })
+        let topology = JobTopology::build(&stages)?;
+        Ok(Self {
+            stages,
+            schema,
+            topology,
+        })
     }
 
     /// The stages in topological order; the last is the final stage.
@@ -309,6 +308,11 @@ impl JobGraph {
     /// The job's output schema.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// The task regions, computed once when the graph was built.
+    pub fn topology(&self) -> &JobTopology {
+        &self.topology
     }
 
     /// The consumers of `stage`: (consumer stage, the input it reads it through).

@@ -1,0 +1,118 @@
+//! The driver's gRPC client of one worker: the runtime's `WorkerClient` over `WorkerService`.
+//!
+//! Invariant: a `RunTask` the worker answered with an error is `refused` (the task is certainly not
+//! running); one that failed in transport (no answer) is not, since the request may have arrived.
+
+use datafusion::common::Result;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sluice_planner::{AttemptKey, JobId};
+use sluice_runtime::TaskDefinition;
+use sluice_runtime::error::{ErrorKind, RemoteError};
+use sluice_runtime::transport::{RunTaskError, WorkerClient};
+use tonic::transport::Channel;
+
+use crate::net::endpoint;
+use crate::proto;
+use crate::proto::worker_service_client::WorkerServiceClient;
+use crate::wire::{attempt_to_proto, encode_definition, from_status};
+
+/// A worker reached over gRPC.
+#[derive(Debug, Clone)]
+pub(crate) struct GrpcWorkerClient {
+    address: String,
+    client: WorkerServiceClient<Channel>,
+}
+
+impl GrpcWorkerClient {
+    /// A client of the worker at `address` (connected lazily); an address that is not `host:port`
+    /// is an error.
+    pub fn new(address: &str) -> Result<Self> {
+        let client = WorkerServiceClient::new(endpoint(address)?.connect_lazy())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        Ok(Self {
+            address: address.to_string(),
+            client,
+        })
+    }
+}
+
+/// Whether a status is the worker's own answer (it handled the call), not a transport failure.
+fn answered(status: &tonic::Status) -> bool {
+    !matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown
+    )
+}
+
+impl WorkerClient for GrpcWorkerClient {
+    fn run_task(&self, definition: TaskDefinition) -> BoxFuture<'static, Result<(), RunTaskError>> {
+        let mut client = self.client.clone();
+        let address = self.address.clone();
+        async move {
+            let task = encode_definition(&definition).map_err(|error| RunTaskError {
+                refused: true,
+                error: RemoteError::of(&error),
+            })?;
+            match client.run_task(proto::RunTaskRequest { task }).await {
+                Ok(_) => Ok(()),
+                Err(status) => Err(RunTaskError {
+                    refused: answered(&status),
+                    error: from_status(
+                        &status,
+                        &format!("worker {address} did not start {}", definition.attempt),
+                    ),
+                }),
+            }
+        }
+        .boxed()
+    }
+
+    fn stop_task(&self, attempt: AttemptKey) -> BoxFuture<'static, Result<()>> {
+        let mut client = self.client.clone();
+        async move {
+            let task = Some(attempt_to_proto(attempt)?);
+            client
+                .stop_task(proto::StopTaskRequest { task })
+                .await
+                .map_err(|status| from_status(&status, "StopTask").to_error())?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn release_output(&self, attempt: AttemptKey) -> BoxFuture<'static, Result<()>> {
+        let mut client = self.client.clone();
+        async move {
+            let task = Some(attempt_to_proto(attempt)?);
+            client
+                .release_output(proto::ReleaseOutputRequest { task })
+                .await
+                .map_err(|status| from_status(&status, "ReleaseOutput").to_error())?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn clean_up_job(&self, job: JobId) -> BoxFuture<'static, Result<()>> {
+        let mut client = self.client.clone();
+        async move {
+            client
+                .clean_up_job(proto::CleanUpJobRequest { job: job.0 })
+                .await
+                .map_err(|status| {
+                    RemoteError::new(
+                        ErrorKind::Transport,
+                        format!("CleanUpJob: {}", status.message()),
+                    )
+                    .to_error()
+                })?;
+            Ok(())
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,161 @@
+//! The cluster's driver: the runtime's `Driver` with `DriverService` (worker registration,
+//! heartbeats, task status reports) and the Arrow Flight service of the driver's own executor (the
+//! streams of driver-placed stages, which workers read like any other) on one address.
+//!
+//! ```text
+//!   RegisterWorker(address, slots) ─► GrpcWorkerClient ─► Driver (registration, heartbeats)
+//!   Heartbeat(worker id) ──────────────────────────────► Driver
+//!   ReportTaskStatus ─► wire::report_from_proto ───────► Driver
+//!   DoGet ─► the driver executor's StreamStore
+//! ```
+//!
+//! Invariant: a request the driver cannot use (no address, no slots, an address that is not
+//! `host:port`, a malformed report) gets `InvalidArgument` and changes nothing.
+
+use std::sync::Arc;
+
+use datafusion::arrow::ipc::CompressionType;
+use datafusion::common::Result;
+use datafusion::common::runtime::SpawnedTask;
+use sluice_planner::WorkerId;
+use sluice_runtime::driver::{DriverHandle, ExecutorEndpoint, Liveness, WorkerRegistration};
+use sluice_runtime::transport::InProcessClient;
+use sluice_runtime::{Driver, DriverOptions, Worker, WorkerOptions};
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+use crate::client::GrpcWorkerClient;
+use crate::flight::{FlightFetcher, StreamFlightService};
+use crate::net::{bind_loopback, incoming};
+use crate::proto;
+use crate::proto::driver_service_server::{DriverService, DriverServiceServer};
+use crate::wire::report_from_proto;
+
+/// A driver serving on its own address; dropping it stops its server, actor and executor.
+pub(crate) struct ClusterDriver {
+    driver: Driver,
+    executor: Worker,
+    address: String,
+    _server: SpawnedTask<()>,
+}
+
+impl ClusterDriver {
+    /// Starts a driver on `127.0.0.1` at an ephemeral port.
+    pub async fn start(
+        options: DriverOptions,
+        executor_options: WorkerOptions,
+        compression: Option<CompressionType>,
+    ) -> Result<Self> {
+        let (listener, address) = bind_loopback("the driver").await?;
+        let executor = Worker::new(
+            "the driver",
+            address.clone(),
+            executor_options,
+            Arc::new(FlightFetcher),
+        );
+        let driver = Driver::start(
+            options,
+            ExecutorEndpoint {
+                address: address.clone(),
+                client: Arc::new(InProcessClient(executor.clone())),
+            },
+            Arc::new(FlightFetcher),
+        );
+        executor.set_reporter(WorkerId::DRIVER, driver.reporter())?;
+        let service = DriverServiceServer::new(DriverEndpoint {
+            driver: driver.handle().clone(),
+        });
+        let flight = StreamFlightService::new(Arc::clone(executor.store()), compression);
+        let server = SpawnedTask::spawn(async move {
+            let _ = Server::builder()
+                .add_service(service)
+                .add_service(flight)
+                .serve_with_incoming(incoming(listener))
+                .await;
+        });
+        Ok(Self {
+            driver,
+            executor,
+            address,
+            _server: server,
+        })
+    }
+
+    /// The address serving `DriverService` and the executor's Flight.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The runtime driver.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// The driver's own executor.
+    pub fn executor(&self) -> &Worker {
+        &self.executor
+    }
+}
+
+/// `DriverService`: turns each request into a driver event.
+struct DriverEndpoint {
+    driver: DriverHandle,
+}
+
+fn shutting_down(_: datafusion::common::DataFusionError) -> Status {
+    Status::unavailable("the driver is shutting down")
+}
+
+#[tonic::async_trait]
+impl DriverService for DriverEndpoint {
+    async fn register_worker(
+        &self,
+        request: Request<proto::RegisterWorkerRequest>,
+    ) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
+        let request = request.into_inner();
+        if request.address.is_empty() || request.slots == 0 {
+            return Err(Status::invalid_argument(
+                "RegisterWorker needs an address and at least one task slot",
+            ));
+        }
+        let client = GrpcWorkerClient::new(&request.address).map_err(|e| {
+            Status::invalid_argument(format!(
+                "cannot register a worker at '{}': {e}",
+                request.address
+            ))
+        })?;
+        let id = self
+            .driver
+            .register_worker(WorkerRegistration {
+                address: request.address,
+                slots: request.slots as usize,
+                client: Arc::new(client),
+                liveness: Liveness::Heartbeats,
+            })
+            .await
+            .map_err(shutting_down)?;
+        Ok(Response::new(proto::RegisterWorkerResponse {
+            worker_id: id.0,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<proto::HeartbeatRequest>,
+    ) -> Result<Response<proto::HeartbeatResponse>, Status> {
+        self.driver
+            .heartbeat(WorkerId(request.into_inner().worker_id))
+            .map_err(shutting_down)?;
+        Ok(Response::new(proto::HeartbeatResponse {}))
+    }
+
+    async fn report_task_status(
+        &self,
+        request: Request<proto::TaskStatusReport>,
+    ) -> Result<Response<proto::ReportTaskStatusResponse>, Status> {
+        let report = report_from_proto(&request.into_inner())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.driver.report(report).map_err(shutting_down)?;
+        Ok(Response::new(proto::ReportTaskStatusResponse {}))
+    }
+}

@@ -1,0 +1,86 @@
+//! Local-cluster mode: the plan is cut into a job graph and run by a driver and N workers in this
+//! process, which talk only through tonic gRPC and Arrow Flight on loopback — the wire path separate
+//! processes use. The cluster starts on the first query and serves every later query of the session.
+
+use std::sync::Arc;
+
+use datafusion::arrow::ipc::CompressionType;
+use datafusion::common::Result;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::future::BoxFuture;
+use futures::{TryStreamExt, stream};
+use sluice_planner::JobGraph;
+use sluice_runtime::JobRunner;
+use sluice_runtime::driver::progress_line;
+use tokio::sync::OnceCell;
+
+use crate::local_cluster::{ClusterOptions, LocalCluster};
+
+/// Runs plans as job graphs on a local cluster.
+#[derive(Debug, Clone)]
+pub struct LocalClusterRunner {
+    options: ClusterOptions,
+    cluster: Arc<OnceCell<LocalCluster>>,
+}
+
+impl LocalClusterRunner {
+    /// A runner whose cluster (started on first use) has `workers` workers whose Flight data plane
+    /// uses `compression`.
+    pub fn new(workers: usize, compression: Option<CompressionType>) -> Self {
+        Self::with_options(ClusterOptions {
+            workers,
+            compression,
+            ..ClusterOptions::default()
+        })
+    }
+
+    /// A runner with explicit cluster options (tests: fault hooks, task slots).
+    pub fn with_options(options: ClusterOptions) -> Self {
+        Self {
+            options,
+            cluster: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// The cluster, starting it if this is the first use.
+    pub async fn cluster(&self) -> Result<&LocalCluster> {
+        let options = self.options.clone();
+        self.cluster
+            .get_or_try_init(|| LocalCluster::start(options))
+            .await
+    }
+}
+
+impl JobRunner for LocalClusterRunner {
+    fn mode_name(&self) -> &'static str {
+        "local-cluster"
+    }
+
+    fn execute(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        task_ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let graph = JobGraph::try_new(plan)?;
+        let schema = graph.schema().clone();
+        let runner = self.clone();
+        let start = async move {
+            let cluster = runner.cluster().await?;
+            Ok::<_, datafusion::common::DataFusionError>(cluster.execute(graph, task_ctx))
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            stream::once(start).try_flatten(),
+        )))
+    }
+
+    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
+        let cell = Arc::clone(&self.cluster);
+        Box::pin(async move {
+            let jobs = cell.get()?.progress().await.ok()?;
+            progress_line(&jobs)
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! What the driver tells a worker and what a worker tells the driver, as Rust values: the
+//! [`TaskDefinition`] of one task attempt and the [`TaskStatusReport`]s about it. The in-process
+//! transport hands them over as they are; the cluster's gRPC transport encodes them (`sluice-cluster`'s
+//! `wire`).
+//!
+//! ```text
+//!   TaskDefinition {attempt, plan: bytes (or, on the driver, the in-memory plan), inputs: per stage
+//!                   input, per input partition, the StreamLocators to read, output distribution,
+//!                   replicas, output mode, session settings, memory limit}
+//!   TaskStatusReport {worker, attempt, sequence, Running | Succeeded(metrics) | Failed(error) | Canceled}
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use sluice_planner::{
+    AttemptKey, InputKey, InputMode, OutputDistribution, OutputMode, StageId, StreamId, WorkerId,
+};
+
+use crate::analyze::TaskMetrics;
+use crate::error::RemoteError;
+
+/// The stage plan a task runs.
+#[derive(Clone)]
+pub enum StagePlan {
+    /// Encoded with the wire codec, once per stage; every worker task decodes its own instance.
+    Encoded(bytes::Bytes),
+    /// Already decoded by a transport (the cluster's worker service decodes a `RunTask`'s plan
+    /// once, to check it and to read its output schema); it belongs to this one attempt.
+    Decoded(Arc<dyn ExecutionPlan>),
+    /// The in-memory plan and the session's context, for tasks on the driver's own executor
+    /// (driver-placed stages: sinks into the driver's catalog, generated series, plans whose wire
+    /// form is not exact).
+    InMemory {
+        /// The stage plan.
+        plan: Arc<dyn ExecutionPlan>,
+        /// The session's task context.
+        context: Arc<TaskContext>,
+    },
+}
+
+impl fmt::Debug for StagePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StagePlan::Encoded(bytes) => write!(f, "Encoded({} bytes)", bytes.len()),
+            StagePlan::Decoded(plan) => write!(f, "Decoded({})", plan.name()),
+            StagePlan::InMemory { plan, .. } => write!(f, "InMemory({})", plan.name()),
+        }
+    }
+}
+
+/// Where one stream lives: the address of the worker holding it, and its id there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamLocator {
+    /// The holder's data-plane address.
+    pub address: String,
+    /// The stream.
+    pub stream: StreamId,
+}
+
+impl StreamLocator {
+    /// The stream as its consumer stage names it.
+    pub fn input_key(&self) -> InputKey {
+        InputKey {
+            partition: self.stream.stream.partition,
+            channel: self.stream.stream.channel,
+            replica: self.stream.replica,
+        }
+    }
+}
+
+/// One stage input of a task (the `StageInputExec` with the same index in the stage plan).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskInputStreams {
+    /// The producer stage.
+    pub stage: StageId,
+    /// How it is read.
+    pub mode: InputMode,
+    /// Per input partition, the streams it reads, in order.
+    pub partitions: Vec<Vec<StreamLocator>>,
+}
+
+/// Everything a worker needs to run one task attempt.
+#[derive(Debug, Clone)]
+pub struct TaskDefinition {
+    /// The attempt.
+    pub attempt: AttemptKey,
+    /// The stage plan.
+    pub plan: StagePlan,
+    /// The stage's inputs.
+    pub inputs: Vec<TaskInputStreams>,
+    /// How the task routes its output rows to channels.
+    pub output: OutputDistribution,
+    /// How many readers take each output channel.
+    pub replicas: usize,
+    /// Pipelined (read while written, take-once) or blocking (read after the task ended,
+    /// replayable).
+    pub output_mode: OutputMode,
+    /// The session's DataFusion settings.
+    pub config: Arc<HashMap<String, String>>,
+    /// The session's memory limit in bytes, applied to each task (`None`: the worker's pool).
+    pub memory_limit: Option<u64>,
+    /// The job is an `EXPLAIN ANALYZE`: the final report carries the plan rendered with metrics.
+    pub report_plan_metrics: bool,
+}
+
+/// What a task attempt's report says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskState {
+    /// Executing (the first report, sequence 1).
+    Running,
+    /// Finished; its output is complete.
+    Succeeded(TaskMetrics),
+    /// Failed with this error.
+    Failed(RemoteError),
+    /// Stopped on request.
+    Canceled,
+}
+
+impl TaskState {
+    /// Whether this is an attempt's last report.
+    pub fn is_final(&self) -> bool {
+        !matches!(self, TaskState::Running)
+    }
+}
+
+/// One report about one task attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStatusReport {
+    /// The reporting worker.
+    pub worker: WorkerId,
+    /// The attempt.
+    pub attempt: AttemptKey,
+    /// Increases with every report of one attempt (1 for `Running`, 2 for the final one).
+    pub sequence: u64,
+    /// What happened.
+    pub state: TaskState,
+}

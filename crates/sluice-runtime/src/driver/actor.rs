@@ -1,0 +1,760 @@
+//! The driver actor: the thin shell that feeds events to the pure [`JobScheduler`] and performs its
+//! actions — placing regions on task slots, sending task definitions, stopping tasks, releasing and
+//! discarding outputs, feeding the job output, cleaning up workers, and noticing lost workers.
+//!
+//! Invariants:
+//! - a task attempt holds one slot of its worker from the moment it is placed until exactly one of:
+//!   its final report, a `RunTask` its worker refused or that never reported back, its worker being
+//!   lost; the release is keyed by attempt, so it happens once;
+//! - a region waits, first in first out, until all its tasks fit;
+//! - what a report carries (metrics) is recorded only if the scheduler accepted the report;
+//! - output of a task attempt reaches the caller only if the scheduler approves it;
+//! - a worker silent for longer than the heartbeat timeout is lost: its running attempts fail with a
+//!   transport error naming it, and their regions are retried on the other workers.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use datafusion::common::DataFusionError;
+use datafusion::common::runtime::JoinSet;
+use datafusion::execution::memory_pool::MemoryLimit;
+use sluice_planner::{
+    AttemptKey, InputMode, JobId, RegionId, TaskAttempt, TaskId, TaskPlacement, WorkerId,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::definitions::task_definition;
+use super::job::{JobEntry, JobPhase};
+use super::output::{FinishedJob, OutputCommand};
+use super::placement::{Location, Placement, PlacementView, Slots, place};
+use super::shipping::ship_stages;
+use super::{
+    DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress, Liveness,
+    StageProgress, Submission, WorkerRegistration,
+};
+use crate::analyze::{is_analyze, stage_reports};
+use crate::definition::{TaskState, TaskStatusReport};
+use crate::error::{ErrorKind, RemoteError};
+use crate::scheduler::{JobFailure, JobScheduler, SchedulerAction, TaskStatus};
+use crate::transport::{RunTaskError, WorkerClient};
+
+/// A registered worker.
+struct WorkerEntry {
+    registration: WorkerRegistration,
+    busy: usize,
+    last_heartbeat: Instant,
+}
+
+pub(crate) struct DriverActor {
+    options: DriverOptions,
+    scheduler: JobScheduler,
+    executor: ExecutorEndpoint,
+    workers: BTreeMap<WorkerId, WorkerEntry>,
+    /// Addresses of every worker ever registered (lost ones too: locators may still name them).
+    addresses: HashMap<WorkerId, String>,
+    lost_workers: usize,
+    next_worker: u64,
+    jobs: HashMap<JobId, JobEntry>,
+    running: HashMap<AttemptKey, Location>,
+    waiting: VecDeque<(JobId, RegionId, Vec<TaskAttempt>)>,
+    events: mpsc::UnboundedSender<DriverEvent>,
+    rpcs: JoinSet<()>,
+}
+
+impl DriverActor {
+    pub fn new(
+        options: DriverOptions,
+        executor: ExecutorEndpoint,
+        events: mpsc::UnboundedSender<DriverEvent>,
+    ) -> Self {
+        Self {
+            scheduler: JobScheduler::new(options.max_attempts),
+            options,
+            executor,
+            workers: BTreeMap::new(),
+            addresses: HashMap::new(),
+            lost_workers: 0,
+            next_worker: 1,
+            jobs: HashMap::new(),
+            running: HashMap::new(),
+            waiting: VecDeque::new(),
+            events,
+            rpcs: JoinSet::new(),
+        }
+    }
+
+    pub async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<DriverEvent>) {
+        let period = (self.options.heartbeat_timeout / 4).max(std::time::Duration::from_millis(10));
+        let mut liveness = tokio::time::interval(period);
+        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                event = inbox.recv() => match event {
+                    Some(event) => self.handle(event),
+                    None => break,
+                },
+                Some(_) = self.rpcs.join_next(), if !self.rpcs.is_empty() => {}
+                _ = liveness.tick() => self.check_liveness(),
+            }
+        }
+    }
+
+    fn handle(&mut self, event: DriverEvent) {
+        match event {
+            DriverEvent::RegisterWorker {
+                registration,
+                reply,
+            } => {
+                let id = self.register_worker(registration);
+                let _ = reply.send(id);
+                self.place_waiting();
+            }
+            DriverEvent::Heartbeat(worker) => {
+                if let Some(entry) = self.workers.get_mut(&worker) {
+                    entry.last_heartbeat = Instant::now();
+                }
+            }
+            DriverEvent::TaskStatus(report) => self.task_status(report),
+            DriverEvent::Submit(submission) => self.submit(*submission),
+            DriverEvent::Cancel(job) => {
+                self.waiting.retain(|(j, _, _)| *j != job);
+                let actions = self.scheduler.cancel_job(job);
+                if actions.is_empty() {
+                    self.clean_up(job);
+                } else {
+                    self.perform(actions);
+                }
+            }
+            DriverEvent::ApproveOutput {
+                job,
+                attempt,
+                reply,
+            } => {
+                let approved = self.scheduler.approve_output(job, attempt)
+                    || self.jobs.get(&job).is_some_and(|entry| {
+                        matches!(entry.phase, JobPhase::Succeeded { .. })
+                            && entry.announced.get(&attempt.task) == Some(&attempt.attempt)
+                    });
+                let _ = reply.send(approved);
+            }
+            DriverEvent::OutputDone(job) => {
+                let clean = match self.jobs.get_mut(&job) {
+                    Some(entry) => match &mut entry.phase {
+                        JobPhase::Succeeded {
+                            output_done,
+                            cleanup_pending,
+                        } => {
+                            *output_done = true;
+                            *cleanup_pending
+                        }
+                        JobPhase::Running => false,
+                    },
+                    None => false,
+                };
+                if clean {
+                    self.clean_up(job);
+                }
+            }
+            DriverEvent::RunTaskFailed {
+                job,
+                attempt,
+                location,
+                error,
+            } => self.run_task_failed(job, attempt, location, error),
+            DriverEvent::Progress(reply) => {
+                let _ = reply.send(self.progress());
+            }
+            DriverEvent::Snapshot(reply) => {
+                let _ = reply.send(DriverSnapshot {
+                    scheduler_jobs: self.scheduler.active_jobs(),
+                    jobs: self.jobs.len(),
+                    running_tasks: self.running.len(),
+                    workers: self.workers.len(),
+                    busy_slots: self.workers.values().map(|w| w.busy).collect(),
+                    lost_workers: self.lost_workers,
+                    waiting_regions: self.waiting.len(),
+                });
+            }
+        }
+    }
+
+    fn register_worker(&mut self, registration: WorkerRegistration) -> WorkerId {
+        let id = WorkerId(self.next_worker);
+        self.next_worker += 1;
+        self.addresses.insert(id, registration.address.clone());
+        self.workers.insert(
+            id,
+            WorkerEntry {
+                registration,
+                busy: 0,
+                last_heartbeat: Instant::now(),
+            },
+        );
+        id
+    }
+
+    fn progress(&self) -> Vec<JobProgress> {
+        let mut jobs: Vec<JobProgress> = self
+            .jobs
+            .iter()
+            .filter(|(_, entry)| entry.phase == JobPhase::Running)
+            .map(|(job, entry)| {
+                let rows = entry.succeeded_metrics();
+                let stages = entry
+                    .graph
+                    .stages()
+                    .iter()
+                    .enumerate()
+                    .map(|(id, stage)| {
+                        let of_stage = |t: &TaskId| t.stage.0 == id;
+                        StageProgress {
+                            total: stage.partitions(),
+                            running: self
+                                .running
+                                .keys()
+                                .filter(|k| k.job == *job && of_stage(&k.task()))
+                                .count(),
+                            done: entry.succeeded.keys().filter(|t| of_stage(t)).count(),
+                            rows: rows
+                                .iter()
+                                .filter(|(t, _)| of_stage(t))
+                                .map(|(_, m)| m.rows)
+                                .sum(),
+                        }
+                    })
+                    .collect();
+                JobProgress {
+                    job: job.0,
+                    stages,
+                    retries: entry.retries,
+                }
+            })
+            .collect();
+        jobs.sort_by_key(|j| j.job);
+        jobs
+    }
+
+    fn submit(&mut self, submission: Submission) {
+        let Submission {
+            graph,
+            context,
+            output,
+            reply,
+        } = submission;
+        let needs_workers = graph
+            .stages()
+            .iter()
+            .any(|s| s.placement == TaskPlacement::Worker);
+        if needs_workers && self.workers.is_empty() {
+            let _ = reply.send(Err(crate::error::transport_error(
+                "the cluster has no workers",
+            )));
+            return;
+        }
+        let plans = match ship_stages(&graph, &context) {
+            Ok(plans) => plans,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let config = context
+            .session_config()
+            .options()
+            .entries()
+            .into_iter()
+            .filter_map(|entry| entry.value.map(|value| (entry.key, value)))
+            .collect();
+        let memory_limit = match context.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes as u64),
+            _ => None,
+        };
+        let analyze = is_analyze(&graph);
+        let (job, actions) = self.scheduler.accept_job(graph.clone());
+        self.jobs.insert(
+            job,
+            JobEntry {
+                graph,
+                plans,
+                config: Arc::new(config),
+                memory_limit,
+                analyze,
+                placed: HashMap::new(),
+                latest: HashMap::new(),
+                succeeded: HashMap::new(),
+                metrics: HashMap::new(),
+                announced: HashMap::new(),
+                retries: 0,
+                output,
+                phase: JobPhase::Running,
+            },
+        );
+        let _ = reply.send(Ok(job));
+        self.perform(actions);
+    }
+
+    fn task_status(&mut self, report: TaskStatusReport) {
+        let key = report.attempt;
+        let attempt = key.task_attempt();
+        let terminal = report.state.is_final();
+        if terminal {
+            self.free_slot(key);
+        }
+        let (status, metrics) = match report.state {
+            TaskState::Running => (TaskStatus::Running, None),
+            TaskState::Succeeded(metrics) => (TaskStatus::Succeeded, Some(metrics)),
+            TaskState::Failed(error) => (TaskStatus::Failed(error), None),
+            TaskState::Canceled => (TaskStatus::Canceled, None),
+        };
+        let outcome = self
+            .scheduler
+            .task_status(key.job, attempt, report.sequence, status);
+        if outcome.accepted
+            && let Some(metrics) = metrics
+        {
+            self.task_succeeded(key.job, attempt, metrics);
+        }
+        self.perform(outcome.actions);
+        if terminal {
+            self.place_waiting();
+        }
+    }
+
+    /// Records a succeeded attempt; once every task of its stage succeeded, what the stage's
+    /// producers still hold is released (no consumer will read it), so they stop waiting.
+    fn task_succeeded(
+        &mut self,
+        job: JobId,
+        attempt: TaskAttempt,
+        metrics: crate::analyze::TaskMetrics,
+    ) {
+        let Some(entry) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        entry.metrics.insert(attempt, metrics);
+        entry.succeeded.insert(attempt.task, attempt.attempt);
+        let stage_id = attempt.task.stage;
+        if !entry.stage_complete(stage_id) {
+            return;
+        }
+        let Some(stage) = entry.graph.stage(stage_id) else {
+            return;
+        };
+        let mut releases = Vec::new();
+        for input in &stage.inputs {
+            let Some(producer) = entry.graph.stage(input.stage) else {
+                continue;
+            };
+            for partition in 0..producer.partitions() {
+                let task = TaskId {
+                    stage: input.stage,
+                    partition,
+                };
+                if let Some((location, producer_attempt)) = entry.location_of(task) {
+                    let key = TaskAttempt {
+                        task,
+                        attempt: producer_attempt,
+                    }
+                    .of_job(job);
+                    releases.push((location, key));
+                }
+            }
+        }
+        for (location, key) in releases {
+            self.release_output(location, key);
+        }
+    }
+
+    fn run_task_failed(
+        &mut self,
+        job: JobId,
+        attempt: TaskAttempt,
+        location: Location,
+        error: RunTaskError,
+    ) {
+        let key = attempt.of_job(job);
+        if self.scheduler.has_reported(job, attempt) {
+            // Only the reply was lost: the task runs and its reports free its slot.
+            return;
+        }
+        self.free_slot(key);
+        if !error.refused {
+            // The request may have arrived: make sure the attempt does not run on unnoticed.
+            self.stop_at(location, key);
+        }
+        let actions = self.scheduler.task_not_started(job, attempt, error.error);
+        self.perform(actions);
+        self.place_waiting();
+    }
+
+    fn check_liveness(&mut self) {
+        let timeout = self.options.heartbeat_timeout;
+        let silent: Vec<(WorkerId, f64)> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.registration.liveness == Liveness::Heartbeats)
+            .filter_map(|(id, w)| {
+                let silence = w.last_heartbeat.elapsed();
+                (silence > timeout).then_some((*id, silence.as_secs_f64()))
+            })
+            .collect();
+        for (worker, silence) in silent {
+            self.worker_lost(worker, &format!("no heartbeat for {silence:.1} s"));
+        }
+    }
+
+    /// `worker` is gone: its slots leave the pool and its running attempts fail.
+    fn worker_lost(&mut self, worker: WorkerId, why: &str) {
+        let Some(entry) = self.workers.remove(&worker) else {
+            return;
+        };
+        self.lost_workers += 1;
+        let address = entry.registration.address;
+        let lost: Vec<AttemptKey> = self
+            .running
+            .iter()
+            .filter(|(_, location)| **location == Location::Worker(worker))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in lost {
+            self.running.remove(&key);
+            let error = RemoteError::new(
+                ErrorKind::Transport,
+                format!("{worker} ({address}) was lost: {why}"),
+            );
+            let actions = self.scheduler.task_lost(key.job, key.task_attempt(), error);
+            self.perform(actions);
+        }
+        self.place_waiting();
+    }
+
+    fn free_slot(&mut self, key: AttemptKey) {
+        if let Some(Location::Worker(w)) = self.running.remove(&key)
+            && let Some(worker) = self.workers.get_mut(&w)
+        {
+            worker.busy = worker.busy.saturating_sub(1);
+        }
+    }
+
+    fn perform(&mut self, actions: Vec<SchedulerAction>) {
+        for action in actions {
+            match action {
+                SchedulerAction::RunRegion { job, region, tasks } => {
+                    self.waiting.push_back((job, region, tasks));
+                    self.place_waiting();
+                }
+                SchedulerAction::StopTasks { job, tasks } => {
+                    for attempt in tasks {
+                        let key = attempt.of_job(job);
+                        if let Some(location) = self.running.get(&key).copied() {
+                            self.stop_at(location, key);
+                        }
+                    }
+                }
+                SchedulerAction::DiscardOutputs { job, tasks } => {
+                    let Some(entry) = self.jobs.get(&job) else {
+                        continue;
+                    };
+                    let discards: Vec<(Location, AttemptKey)> = tasks
+                        .iter()
+                        .filter_map(|a| entry.placed.get(a).map(|l| (*l, a.of_job(job))))
+                        .collect();
+                    for (location, key) in discards {
+                        self.release_output(location, key);
+                    }
+                }
+                SchedulerAction::RegionRetried { job, .. } => {
+                    if let Some(entry) = self.jobs.get_mut(&job) {
+                        entry.retries += 1;
+                    }
+                }
+                SchedulerAction::ExtendOutput { job, task } => self.extend_output(job, task),
+                SchedulerAction::JobSucceeded { job } => {
+                    if let Some(entry) = self.jobs.get_mut(&job) {
+                        entry.phase = JobPhase::Succeeded {
+                            output_done: false,
+                            cleanup_pending: false,
+                        };
+                        let reports = if entry.analyze {
+                            stage_reports(&entry.graph, &entry.succeeded_metrics())
+                        } else {
+                            Vec::new()
+                        };
+                        let finished = FinishedJob {
+                            reports,
+                            attempts: entry.announced.clone(),
+                        };
+                        let _ = entry.output.send(OutputCommand::Finish(Ok(finished)));
+                    }
+                }
+                SchedulerAction::JobFailed { job, failure } => {
+                    let error = self.job_error(job, &failure);
+                    if let Some(entry) = self.jobs.get_mut(&job) {
+                        let _ = entry.output.send(OutputCommand::Finish(Err(error)));
+                    }
+                }
+                SchedulerAction::CleanUpJob { job } => {
+                    let deferred =
+                        self.jobs
+                            .get_mut(&job)
+                            .is_some_and(|entry| match &mut entry.phase {
+                                JobPhase::Succeeded {
+                                    output_done: false,
+                                    cleanup_pending,
+                                } => {
+                                    *cleanup_pending = true;
+                                    true
+                                }
+                                _ => false,
+                            });
+                    if !deferred {
+                        self.clean_up(job);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The error the job output ends with. A user error reads exactly as it was raised (as local
+    /// mode shows it); any other failure says which task failed where, and how often it was tried.
+    fn job_error(&self, job: JobId, failure: &JobFailure) -> DataFusionError {
+        let error = failure.error.to_error();
+        if failure.error.kind == ErrorKind::User {
+            return error;
+        }
+        let location = self
+            .jobs
+            .get(&job)
+            .and_then(|entry| entry.placed.get(&failure.task).copied());
+        let place = match location {
+            Some(Location::Driver) => "the driver".to_string(),
+            Some(Location::Worker(w)) => match self.addresses.get(&w) {
+                Some(address) => format!("{w} ({address})"),
+                None => w.to_string(),
+            },
+            None => "no worker (it never started)".to_string(),
+        };
+        let mut what = format!("job {job}: {} failed on {place}", failure.task.task);
+        if failure.delivered {
+            what.push_str(
+                "; not retried because part of its output already reached the caller \
+                 (a retry could duplicate rows)",
+            );
+        } else if failure.attempts > 1 {
+            what.push_str(&format!(" after {} attempts", failure.attempts));
+        } else if failure.error.kind.is_retryable() && self.scheduler.max_attempts() == 1 {
+            what.push_str(" (retries are off)");
+        }
+        error.context(what)
+    }
+
+    /// The worker at `location`'s client.
+    fn client(&self, location: Location) -> Option<Arc<dyn WorkerClient>> {
+        match location {
+            Location::Driver => Some(Arc::clone(&self.executor.client)),
+            Location::Worker(w) => self
+                .workers
+                .get(&w)
+                .map(|w| Arc::clone(&w.registration.client)),
+        }
+    }
+
+    fn address_of(&self, location: Location) -> Option<String> {
+        match location {
+            Location::Driver => Some(self.executor.address.clone()),
+            Location::Worker(w) => self.addresses.get(&w).cloned(),
+        }
+    }
+
+    fn stop_at(&mut self, location: Location, key: AttemptKey) {
+        if let Some(client) = self.client(location) {
+            // A worker that cannot be reached has no task to stop.
+            let stop = client.stop_task(key);
+            self.rpcs.spawn(async move {
+                let _ = stop.await;
+            });
+        }
+    }
+
+    fn release_output(&mut self, location: Location, key: AttemptKey) {
+        if let Some(client) = self.client(location) {
+            // A producer that cannot be reached has nothing left to release.
+            let release = client.release_output(key);
+            self.rpcs.spawn(async move {
+                let _ = release.await;
+            });
+        }
+    }
+
+    /// Places waiting regions, oldest first, while they fit.
+    fn place_waiting(&mut self) {
+        while let Some((job, region, tasks)) = self.waiting.pop_front() {
+            if !self.jobs.contains_key(&job) {
+                continue;
+            }
+            let ids: Vec<TaskId> = tasks.iter().map(|t| t.task).collect();
+            let slots: Vec<Slots> = self
+                .workers
+                .iter()
+                .map(|(id, w)| Slots {
+                    worker: *id,
+                    free: w.registration.slots.saturating_sub(w.busy),
+                    total: w.registration.slots,
+                })
+                .collect();
+            let placement = match self.jobs.get(&job) {
+                Some(entry) => place(&ids, &JobView(entry), &slots),
+                None => continue,
+            };
+            match placement {
+                Placement::Placed(locations) => self.launch(job, &tasks, &locations),
+                Placement::Wait => {
+                    self.waiting.push_front((job, region, tasks));
+                    return;
+                }
+                Placement::Impossible(message) => {
+                    if let Some(entry) = self.jobs.get(&job) {
+                        let error = crate::error::sluice_error(
+                            ErrorKind::ResourcesExhausted,
+                            format!("job {job}: {message}"),
+                        );
+                        let _ = entry.output.send(OutputCommand::Finish(Err(error)));
+                    }
+                    let actions = self.scheduler.cancel_job(job);
+                    self.perform(actions);
+                }
+            }
+        }
+    }
+
+    fn launch(&mut self, job: JobId, tasks: &[TaskAttempt], locations: &[Location]) {
+        let Some(entry) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        for (attempt, location) in tasks.iter().zip(locations) {
+            entry.place(*attempt, *location);
+            self.running.insert(attempt.of_job(job), *location);
+            if let Location::Worker(w) = location
+                && let Some(worker) = self.workers.get_mut(w)
+            {
+                worker.busy += 1;
+            }
+        }
+        for (attempt, location) in tasks.iter().zip(locations) {
+            self.start(job, *attempt, *location);
+        }
+    }
+
+    fn start(&mut self, job: JobId, attempt: TaskAttempt, location: Location) {
+        let definition = match self.jobs.get(&job) {
+            Some(entry) => task_definition(job, entry, attempt, &|l| self.address_of(l)),
+            None => return,
+        };
+        let client = self.client(location);
+        let events = self.events.clone();
+        let failed = move |error: RunTaskError| {
+            let _ = events.send(DriverEvent::RunTaskFailed {
+                job,
+                attempt,
+                location,
+                error,
+            });
+        };
+        let (definition, client) = match (definition, client) {
+            (Ok(definition), Some(client)) => (definition, client),
+            (Err(error), _) => {
+                return failed(RunTaskError {
+                    refused: true,
+                    error: RemoteError::new(ErrorKind::Internal, error.to_string()),
+                });
+            }
+            (_, None) => {
+                return failed(crate::transport::unreachable(format!(
+                    "{location:?} is no longer registered"
+                )));
+            }
+        };
+        let run = client.run_task(definition);
+        self.rpcs.spawn(async move {
+            if let Err(error) = run.await {
+                failed(error);
+            }
+        });
+    }
+
+    fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
+        let Some(entry) = self.jobs.get(&job) else {
+            return;
+        };
+        let Some(location) = entry.placed.get(&attempt).copied() else {
+            return;
+        };
+        let channels = entry
+            .graph
+            .stage(attempt.task.stage)
+            .map_or(1, |s| s.distribution.channels());
+        let key = attempt.of_job(job);
+        let streams = (0..channels)
+            .map(|channel| key.stream(channel).replica(0))
+            .collect();
+        let Some(address) = self.address_of(location) else {
+            return;
+        };
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            entry.announced.insert(attempt.task, attempt.attempt);
+            let _ = entry.output.send(OutputCommand::Add {
+                attempt,
+                address,
+                streams,
+            });
+        }
+    }
+
+    /// Removes the job's streams everywhere and forgets it.
+    fn clean_up(&mut self, job: JobId) {
+        self.jobs.remove(&job);
+        let clients: Vec<Arc<dyn WorkerClient>> =
+            std::iter::once(Arc::clone(&self.executor.client))
+                .chain(
+                    self.workers
+                        .values()
+                        .map(|w| Arc::clone(&w.registration.client)),
+                )
+                .collect();
+        for client in clients {
+            let clean = client.clean_up_job(job);
+            self.rpcs.spawn(async move {
+                let _ = clean.await;
+            });
+        }
+    }
+}
+
+/// Placement's view of one job.
+struct JobView<'a>(&'a JobEntry);
+
+impl PlacementView for JobView<'_> {
+    fn on_driver(&self, task: TaskId) -> bool {
+        self.0
+            .graph
+            .stage(task.stage)
+            .is_some_and(|s| s.placement == TaskPlacement::Driver)
+    }
+
+    fn forward_producer(&self, task: TaskId) -> Option<TaskId> {
+        let stage = self.0.graph.stage(task.stage)?;
+        stage
+            .inputs
+            .iter()
+            .find(|input| input.mode == InputMode::Forward)
+            .map(|input| TaskId {
+                stage: input.stage,
+                partition: task.partition,
+            })
+    }
+
+    fn placed(&self, task: TaskId) -> Option<Location> {
+        self.0.location_of(task).map(|(location, _)| location)
+    }
+}

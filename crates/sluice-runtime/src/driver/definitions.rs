@@ -1,0 +1,90 @@
+//! The task definition of one attempt, built from the job's state: pure code, no IO.
+//!
+//! ```text
+//!   stage s, partition p, attempt a ─► plan: the stage's shipped plan
+//!                                   ─► inputs: task_inputs(graph, s, p) keys, each resolved to the
+//!                                      producer's latest attempt and the address of where it runs
+//!                                   ─► output: the stage's distribution, replicas and output mode
+//! ```
+//!
+//! Invariant: every locator names the producer attempt a consumer placed now must read (the latest
+//! one); a producer that was never placed is an error, never a guess.
+
+use datafusion::common::{DataFusionError, Result};
+use sluice_planner::{JobId, TaskAttempt, TaskId};
+
+use super::job::JobEntry;
+use super::placement::Location;
+use crate::definition::{StreamLocator, TaskDefinition, TaskInputStreams};
+use crate::task::task_inputs;
+
+/// The definition of `attempt` of `job`; `address_of` gives each location's data-plane address.
+pub(super) fn task_definition(
+    job: JobId,
+    entry: &JobEntry,
+    attempt: TaskAttempt,
+    address_of: &dyn Fn(Location) -> Option<String>,
+) -> Result<TaskDefinition> {
+    let stage_id = attempt.task.stage;
+    let graph = &entry.graph;
+    let stage = graph
+        .stage(stage_id)
+        .ok_or_else(|| DataFusionError::Internal(format!("job {job} has no stage {stage_id}")))?;
+    let plan = entry.plans.get(stage_id.0).cloned().ok_or_else(|| {
+        DataFusionError::Internal(format!("job {job}: stage {stage_id} was not shipped"))
+    })?;
+    let inputs = task_inputs(graph, stage_id, attempt.task.partition)?
+        .into_iter()
+        .map(|input| {
+            let partitions = input
+                .keys
+                .iter()
+                .map(|keys| {
+                    keys.iter()
+                        .map(|key| {
+                            let producer = TaskId {
+                                stage: input.stage,
+                                partition: key.partition,
+                            };
+                            let (location, producer_attempt) =
+                                entry.location_of(producer).ok_or_else(|| {
+                                    DataFusionError::Internal(format!(
+                                        "job {job}: {producer} was never placed"
+                                    ))
+                                })?;
+                            let address = address_of(location).ok_or_else(|| {
+                                DataFusionError::Internal(format!(
+                                    "job {job}: {producer} runs at an unknown location"
+                                ))
+                            })?;
+                            let stream = TaskAttempt {
+                                task: producer,
+                                attempt: producer_attempt,
+                            }
+                            .of_job(job)
+                            .stream(key.channel)
+                            .replica(key.replica);
+                            Ok(StreamLocator { address, stream })
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(TaskInputStreams {
+                stage: input.stage,
+                mode: input.mode,
+                partitions,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TaskDefinition {
+        attempt: attempt.of_job(job),
+        plan,
+        inputs,
+        output: stage.distribution.clone(),
+        replicas: graph.replicas(stage_id),
+        output_mode: stage.mode,
+        config: entry.config.clone(),
+        memory_limit: entry.memory_limit,
+        report_plan_metrics: entry.analyze,
+    })
+}

@@ -1,0 +1,93 @@
+//! What the driver actor keeps per job, next to the scheduler's state: the shipped stage plans, the
+//! session's settings, where every task attempt was placed, which attempts succeeded and what they
+//! reported, and the job output's command channel.
+//!
+//! Invariants: `placed` remembers every attempt ever placed (a replaced attempt's output is found and
+//! discarded through it); `latest` is the attempt a consumer placed now reads; metrics are keyed by
+//! attempt and recorded only from reports the scheduler accepted, so a stale attempt never
+//! overwrites the current one's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sluice_planner::{JobGraph, StageId, TaskAttempt, TaskId};
+use tokio::sync::mpsc;
+
+use super::output::OutputCommand;
+use super::placement::Location;
+use crate::analyze::TaskMetrics;
+use crate::definition::StagePlan;
+
+/// Where a job stands after the scheduler is done with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum JobPhase {
+    /// Tasks are running or waiting.
+    Running,
+    /// Every task succeeded; the output may still be being read.
+    Succeeded {
+        /// The output was read to its end.
+        output_done: bool,
+        /// Cleanup waits until the output was read.
+        cleanup_pending: bool,
+    },
+}
+
+/// The shell's state of one job; see the module docs.
+pub(super) struct JobEntry {
+    pub graph: Arc<JobGraph>,
+    /// Per stage, the plan its tasks run.
+    pub plans: Vec<StagePlan>,
+    pub config: Arc<HashMap<String, String>>,
+    pub memory_limit: Option<u64>,
+    /// The job is an `EXPLAIN ANALYZE`: tasks report their plans with metrics.
+    pub analyze: bool,
+    pub placed: HashMap<TaskAttempt, Location>,
+    pub latest: HashMap<TaskId, usize>,
+    /// Tasks whose latest attempt succeeded, with that attempt.
+    pub succeeded: HashMap<TaskId, usize>,
+    pub metrics: HashMap<TaskAttempt, TaskMetrics>,
+    /// Final-stage attempts whose streams the output reads.
+    pub announced: HashMap<TaskId, usize>,
+    pub retries: usize,
+    pub output: mpsc::UnboundedSender<OutputCommand>,
+    pub phase: JobPhase,
+}
+
+impl JobEntry {
+    /// Where `task`'s latest attempt runs, and which attempt that is.
+    pub fn location_of(&self, task: TaskId) -> Option<(Location, usize)> {
+        let attempt = *self.latest.get(&task)?;
+        let location = *self.placed.get(&TaskAttempt { task, attempt })?;
+        Some((location, attempt))
+    }
+
+    /// Records that `attempt` is placed at `location` (a new attempt of its task).
+    pub fn place(&mut self, attempt: TaskAttempt, location: Location) {
+        self.placed.insert(attempt, location);
+        self.latest.insert(attempt.task, attempt.attempt);
+        self.succeeded.remove(&attempt.task);
+    }
+
+    /// Whether every task of `stage` has succeeded.
+    pub fn stage_complete(&self, stage: StageId) -> bool {
+        self.graph.stage(stage).is_some_and(|s| {
+            (0..s.partitions())
+                .all(|partition| self.succeeded.contains_key(&TaskId { stage, partition }))
+        })
+    }
+
+    /// What each task's succeeded attempt reported.
+    pub fn succeeded_metrics(&self) -> HashMap<TaskId, TaskMetrics> {
+        self.succeeded
+            .iter()
+            .filter_map(|(task, attempt)| {
+                self.metrics
+                    .get(&TaskAttempt {
+                        task: *task,
+                        attempt: *attempt,
+                    })
+                    .map(|m| (*task, m.clone()))
+            })
+            .collect()
+    }
+}

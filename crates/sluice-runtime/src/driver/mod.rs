@@ -1,0 +1,295 @@
+//! The driver: accepts jobs, schedules their tasks on workers, and streams each job's output back.
+//! One driver serves every distributed mode; only its transports differ (in-process calls for
+//! `local-graph`, tonic gRPC and Arrow Flight for the cluster).
+//!
+//! ```text
+//!   Driver::execute ─ Submit / Cancel ───────────────┐
+//!   Driver::register_worker / heartbeat / report ────┼─► events ─► actor (one task, all state)
+//!   job output forwarder ─ ApproveOutput / OutputDone┘        │
+//!                            JobScheduler (pure) ◄── events ──┤
+//!                            actions ─► WorkerClient: RunTask / StopTask / ReleaseOutput /
+//!                                       CleanUpJob; output commands
+//! ```
+//!
+//! Modules: `actor` (event handling and the scheduler's actions), `job` (per-job state),
+//! `definitions` (the pure task-definition builder), `placement` (pure slot assignment), `shipping`
+//! (each stage's plan, once per job), `output` (the job output forwarder), `progress`.
+//!
+//! Invariants: all driver state lives in the actor, which handles one event at a time (no locks);
+//! handlers and RPC replies only send events; a job's streams are cleaned up on every worker once its
+//! output was read, it failed, or its caller went away.
+
+mod actor;
+mod definitions;
+mod job;
+mod output;
+mod placement;
+mod progress;
+mod shipping;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sluice_planner::{JobGraph, JobId, TaskAttempt, WorkerId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::definition::TaskStatusReport;
+use crate::error::sluice_error;
+use crate::transport::{RunTaskError, StatusReporter, StreamFetcher, WorkerClient};
+
+pub use progress::{JobProgress, StageProgress, progress_line};
+
+use output::OutputCommand;
+use placement::Location;
+
+/// How the driver schedules.
+#[derive(Debug, Clone)]
+pub struct DriverOptions {
+    /// Times a task region runs before its job fails (at least 1).
+    pub max_attempts: usize,
+    /// A worker that sends no heartbeat for this long is lost: its tasks fail and are retried
+    /// elsewhere, its slots leave the pool.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Default for DriverOptions {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            heartbeat_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How the driver knows a worker is alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// It sends heartbeats; silence longer than the heartbeat timeout means it is lost.
+    Heartbeats,
+    /// It lives in this process and cannot be lost apart from it.
+    InProcess,
+}
+
+/// A worker joining the driver.
+#[derive(Debug, Clone)]
+pub struct WorkerRegistration {
+    /// Where its streams are read (and, in a cluster, its control endpoint).
+    pub address: String,
+    /// Task attempts it runs at once.
+    pub slots: usize,
+    /// How the driver calls it.
+    pub client: Arc<dyn WorkerClient>,
+    /// How the driver knows it is alive.
+    pub liveness: Liveness,
+}
+
+/// The driver's own executor, which runs driver-placed stages.
+#[derive(Debug, Clone)]
+pub struct ExecutorEndpoint {
+    /// Where its streams are read.
+    pub address: String,
+    /// How the driver calls it.
+    pub client: Arc<dyn WorkerClient>,
+}
+
+/// The actor's state, for tests and diagnostics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverSnapshot {
+    /// Jobs the scheduler still tracks.
+    pub scheduler_jobs: usize,
+    /// Jobs the shell still tracks (including succeeded ones whose output is being read).
+    pub jobs: usize,
+    /// Task attempts holding a slot.
+    pub running_tasks: usize,
+    /// Registered workers (lost ones excluded).
+    pub workers: usize,
+    /// Per worker, its task slots in use.
+    pub busy_slots: Vec<usize>,
+    /// Workers lost so far.
+    pub lost_workers: usize,
+    /// Regions waiting for slots.
+    pub waiting_regions: usize,
+}
+
+/// What the actor reacts to.
+pub(crate) enum DriverEvent {
+    RegisterWorker {
+        registration: WorkerRegistration,
+        reply: oneshot::Sender<WorkerId>,
+    },
+    Heartbeat(WorkerId),
+    TaskStatus(TaskStatusReport),
+    Submit(Box<Submission>),
+    Cancel(JobId),
+    ApproveOutput {
+        job: JobId,
+        attempt: TaskAttempt,
+        reply: oneshot::Sender<bool>,
+    },
+    OutputDone(JobId),
+    RunTaskFailed {
+        job: JobId,
+        attempt: TaskAttempt,
+        location: Location,
+        error: RunTaskError,
+    },
+    Snapshot(oneshot::Sender<DriverSnapshot>),
+    Progress(oneshot::Sender<Vec<JobProgress>>),
+}
+
+/// A job handed to the actor.
+pub(crate) struct Submission {
+    graph: Arc<JobGraph>,
+    context: Arc<TaskContext>,
+    output: mpsc::UnboundedSender<OutputCommand>,
+    reply: oneshot::Sender<Result<JobId>>,
+}
+
+/// A running driver; dropping it stops its actor (and with it every job's output).
+pub struct Driver {
+    handle: DriverHandle,
+    fetcher: Arc<dyn StreamFetcher>,
+    _actor: SpawnedTask<()>,
+}
+
+/// What a transport needs to feed a driver: registrations, heartbeats, reports. Cheap to clone; it
+/// does not keep the driver alive.
+#[derive(Clone)]
+pub struct DriverHandle {
+    events: mpsc::UnboundedSender<DriverEvent>,
+}
+
+impl std::fmt::Debug for DriverHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverHandle").finish_non_exhaustive()
+    }
+}
+
+impl DriverHandle {
+    /// Adds a worker; returns its id.
+    pub async fn register_worker(&self, registration: WorkerRegistration) -> Result<WorkerId> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::RegisterWorker {
+            registration,
+            reply,
+        })?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    /// Records a heartbeat of `worker`.
+    pub fn heartbeat(&self, worker: WorkerId) -> Result<()> {
+        self.send(DriverEvent::Heartbeat(worker))
+    }
+
+    /// Delivers a task status report.
+    pub fn report(&self, report: TaskStatusReport) -> Result<()> {
+        self.send(DriverEvent::TaskStatus(report))
+    }
+
+    /// A reporter that delivers straight to the driver (for workers in this process).
+    pub fn reporter(&self) -> Arc<dyn StatusReporter> {
+        Arc::new(LocalReporter(self.events.clone()))
+    }
+
+    /// The progress of every running job.
+    pub async fn progress(&self) -> Result<Vec<JobProgress>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::Progress(reply))?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    /// The actor's state, for tests and diagnostics.
+    pub async fn snapshot(&self) -> Result<DriverSnapshot> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::Snapshot(reply))?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    fn send(&self, event: DriverEvent) -> Result<()> {
+        self.events.send(event).map_err(|_| driver_gone())
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Starts a driver (its actor on the current runtime) whose own executor is `executor` and whose
+    /// job output reads streams through `fetcher`.
+    pub fn start(
+        options: DriverOptions,
+        executor: ExecutorEndpoint,
+        fetcher: Arc<dyn StreamFetcher>,
+    ) -> Self {
+        let (events, inbox) = mpsc::unbounded_channel();
+        let actor = actor::DriverActor::new(options, executor, events.clone());
+        let actor = SpawnedTask::spawn(actor.run(inbox));
+        Self {
+            handle: DriverHandle { events },
+            fetcher,
+            _actor: actor,
+        }
+    }
+
+    /// Runs `graph`; the stream is lazy and cancels the job when dropped.
+    pub fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        output::job_output(
+            self.handle.events.clone(),
+            self.fetcher.clone(),
+            graph,
+            context,
+        )
+    }
+
+    /// The handle transports feed.
+    pub fn handle(&self) -> &DriverHandle {
+        &self.handle
+    }
+
+    /// Adds a worker; returns its id.
+    pub async fn register_worker(&self, registration: WorkerRegistration) -> Result<WorkerId> {
+        self.handle.register_worker(registration).await
+    }
+
+    /// A reporter that delivers straight to this driver (for workers in this process).
+    pub fn reporter(&self) -> Arc<dyn StatusReporter> {
+        self.handle.reporter()
+    }
+
+    /// The progress of every running job.
+    pub async fn progress(&self) -> Result<Vec<JobProgress>> {
+        self.handle.progress().await
+    }
+
+    /// The actor's state, for tests and diagnostics.
+    pub async fn snapshot(&self) -> Result<DriverSnapshot> {
+        self.handle.snapshot().await
+    }
+}
+
+pub(crate) fn driver_gone() -> DataFusionError {
+    sluice_error(
+        crate::error::ErrorKind::Transport,
+        "the Sluice driver stopped",
+    )
+}
+
+/// Status reports of workers in this process go straight to the actor.
+struct LocalReporter(mpsc::UnboundedSender<DriverEvent>);
+
+impl StatusReporter for LocalReporter {
+    fn report(&self, report: TaskStatusReport) -> BoxFuture<'static, ()> {
+        let _ = self.0.send(DriverEvent::TaskStatus(report));
+        async {}.boxed()
+    }
+}

@@ -1,0 +1,208 @@
+//! Task placement: which worker runs each task of a region. Pure code over slot counts.
+//!
+//! Rules: a region is placed whole or waits (its tasks exchange pipelined streams, so all must run at
+//! once); driver-placed stages run on the driver's executor and take no worker slot; a task that
+//! reads a `Forward` input goes to its producer's worker when that worker has a free slot; any other
+//! task goes to the worker with the most free slots. A region that needs more slots than the whole
+//! cluster has can never run: that is an error, not a wait.
+
+use sluice_planner::{TaskId, WorkerId};
+
+/// Where a task attempt runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Location {
+    /// The driver's own executor.
+    Driver,
+    /// A registered worker.
+    Worker(WorkerId),
+}
+
+/// One worker's task slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slots {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Slots not held by a task attempt.
+    pub free: usize,
+    /// All its slots.
+    pub total: usize,
+}
+
+/// The outcome of placing one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// One location per task, in the region's task order.
+    Placed(Vec<Location>),
+    /// Not enough free slots now; try again when tasks finish.
+    Wait,
+    /// The region can never fit; the message says why.
+    Impossible(String),
+}
+
+/// What placement needs to know about a region's tasks.
+pub(crate) trait PlacementView {
+    /// Whether `task`'s stage runs on the driver.
+    fn on_driver(&self, task: TaskId) -> bool;
+    /// The producer task of `task`'s `Forward` input, if it has one.
+    fn forward_producer(&self, task: TaskId) -> Option<TaskId>;
+    /// Where an already placed task (of an earlier region) runs.
+    fn placed(&self, task: TaskId) -> Option<Location>;
+}
+
+/// Places `tasks` on the workers of `slots` (in worker order).
+pub(crate) fn place(tasks: &[TaskId], view: &dyn PlacementView, slots: &[Slots]) -> Placement {
+    let needed = tasks.iter().filter(|t| !view.on_driver(**t)).count();
+    let capacity: usize = slots.iter().map(|s| s.total).sum();
+    if needed > capacity {
+        return Placement::Impossible(format!(
+            "a task region needs {needed} task slots at once but the cluster has {capacity} \
+             ({} workers); add workers or task slots, or lower datafusion.execution.target_partitions",
+            slots.len()
+        ));
+    }
+    if needed > slots.iter().map(|s| s.free).sum::<usize>() {
+        return Placement::Wait;
+    }
+    let index_of = |worker: WorkerId| slots.iter().position(|s| s.worker == worker);
+    let mut free: Vec<usize> = slots.iter().map(|s| s.free).collect();
+    let mut locations: Vec<Location> = Vec::with_capacity(tasks.len());
+    for (index, task) in tasks.iter().enumerate() {
+        if view.on_driver(*task) {
+            locations.push(Location::Driver);
+            continue;
+        }
+        let producer_worker = view.forward_producer(*task).and_then(|producer| {
+            let here = tasks
+                .iter()
+                .take(index)
+                .position(|t| *t == producer)
+                .map(|i| locations[i]);
+            match here.or_else(|| view.placed(producer)) {
+                Some(Location::Worker(w)) => {
+                    index_of(w).filter(|i| free.get(*i).is_some_and(|f| *f > 0))
+                }
+                _ => None,
+            }
+        });
+        let worker = producer_worker.or_else(|| {
+            free.iter()
+                .enumerate()
+                .filter(|(_, f)| **f > 0)
+                .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
+                .map(|(w, _)| w)
+        });
+        let Some(worker) = worker else {
+            return Placement::Wait;
+        };
+        free[worker] -= 1;
+        locations.push(Location::Worker(slots[worker].worker));
+    }
+    Placement::Placed(locations)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::collections::HashMap;
+
+    use sluice_planner::StageId;
+
+    use super::*;
+
+    struct View {
+        driver_stages: Vec<usize>,
+        forward: HashMap<TaskId, TaskId>,
+        placed: HashMap<TaskId, Location>,
+    }
+
+    impl PlacementView for View {
+        fn on_driver(&self, task: TaskId) -> bool {
+            self.driver_stages.contains(&task.stage.0)
+        }
+        fn forward_producer(&self, task: TaskId) -> Option<TaskId> {
+            self.forward.get(&task).copied()
+        }
+        fn placed(&self, task: TaskId) -> Option<Location> {
+            self.placed.get(&task).copied()
+        }
+    }
+
+    fn task(stage: usize, partition: usize) -> TaskId {
+        TaskId {
+            stage: StageId(stage),
+            partition,
+        }
+    }
+
+    fn slots(free: &[usize], total: &[usize]) -> Vec<Slots> {
+        free.iter()
+            .zip(total)
+            .enumerate()
+            .map(|(i, (free, total))| Slots {
+                worker: WorkerId(i as u64 + 1),
+                free: *free,
+                total: *total,
+            })
+            .collect()
+    }
+
+    fn on(worker: u64) -> Location {
+        Location::Worker(WorkerId(worker))
+    }
+
+    fn empty() -> View {
+        View {
+            driver_stages: vec![],
+            forward: HashMap::new(),
+            placed: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn spreads_tasks_over_the_freest_workers() {
+        let tasks: Vec<_> = (0..4).map(|p| task(0, p)).collect();
+        let placement = place(&tasks, &empty(), &slots(&[2, 2], &[2, 2]));
+        assert_eq!(
+            placement,
+            Placement::Placed(vec![on(1), on(2), on(1), on(2)])
+        );
+        // The freest worker first.
+        let placement = place(&tasks[..2], &empty(), &slots(&[1, 3], &[4, 4]));
+        assert_eq!(placement, Placement::Placed(vec![on(2), on(2)]));
+    }
+
+    #[test]
+    fn a_region_waits_or_is_impossible() {
+        let tasks: Vec<_> = (0..3).map(|p| task(0, p)).collect();
+        assert_eq!(
+            place(&tasks, &empty(), &slots(&[1, 1], &[2, 2])),
+            Placement::Wait
+        );
+        assert_eq!(
+            place(&tasks, &empty(), &slots(&[1, 1], &[1, 1])),
+            Placement::Impossible(
+                "a task region needs 3 task slots at once but the cluster has 2 (2 workers); add \
+                 workers or task slots, or lower datafusion.execution.target_partitions"
+                    .to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn forward_consumers_follow_their_producers_and_driver_stages_take_no_slot() {
+        let mut view = empty();
+        view.forward.insert(task(1, 0), task(0, 0));
+        view.forward.insert(task(1, 1), task(0, 1));
+        view.driver_stages.push(2);
+        let tasks = vec![task(0, 0), task(0, 1), task(1, 0), task(1, 1), task(2, 0)];
+        let placement = place(&tasks, &view, &slots(&[4, 4], &[4, 4]));
+        let Placement::Placed(locations) = placement else {
+            panic!("not placed");
+        };
+        assert_eq!(locations[2], locations[0]);
+        assert_eq!(locations[3], locations[1]);
+        assert_ne!(locations[0], locations[1]);
+        assert_eq!(locations[4], Location::Driver);
+    }
+}

@@ -1,0 +1,48 @@
+//! Job runners: the one interface through which every query executes.
+//!
+//! A [`JobRunner`] takes a DataFusion physical plan (after all optimizer rules) and returns the job's
+//! output as a lazy record-batch stream: no work starts until the stream is polled, and dropping the
+//! stream cancels the job. The session, the CLI, the TPC-H harness and the SQL logic test runner only
+//! ever see this trait, so an execution mode plugs in by adding a runner.
+//!
+//! ```text
+//!   physical plan ─► JobRunner::execute ─► SendableRecordBatchStream
+//!                       ├─ local: DataFusion execute_stream, on the task runtime
+//!                       ├─ local-graph: JobGraph + the driver + an in-process worker
+//!                       └─ local-cluster (sluice-cluster): JobGraph + the driver + workers over
+//!                          gRPC and Arrow Flight on loopback
+//! ```
+
+mod graph;
+mod local;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use datafusion::common::Result;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::future::BoxFuture;
+
+pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
+pub use local::{LocalRunner, spawn_stream};
+
+/// Executes a physical plan as a job and streams its output.
+pub trait JobRunner: Debug + Send + Sync {
+    /// The mode's name, as `--mode` spells it.
+    fn mode_name(&self) -> &'static str;
+
+    /// Starts `plan` lazily: the returned stream does the work as it is polled and cancels the job
+    /// when dropped. Planning errors are returned here; execution errors arrive in the stream.
+    fn execute(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        task_ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream>;
+
+    /// One line describing the running jobs' progress (per stage: tasks done of total, rows), for a
+    /// terminal; `None` when the mode has none or nothing runs.
+    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
+        Box::pin(async { None })
+    }
+}

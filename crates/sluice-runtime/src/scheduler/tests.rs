@@ -1,0 +1,359 @@
+//! The scheduler's transitions, one behaviour per test, on small synthetic graphs.
+
+use datafusion::arrow::datatypes::Schema;
+use datafusion::physical_plan::empty::EmptyExec;
+use sluice_planner::{
+    InputMode, OutputDistribution, OutputMode, Stage, StageId, StageInput, TaskPlacement,
+};
+
+use super::*;
+
+fn stage(inputs: &[(usize, InputMode)], partitions: usize, mode: OutputMode) -> Stage {
+    let schema = Arc::new(Schema::empty());
+    Stage {
+        inputs: inputs
+            .iter()
+            .map(|(s, m)| StageInput {
+                stage: StageId(*s),
+                mode: *m,
+            })
+            .collect(),
+        plan: Arc::new(EmptyExec::new(schema).with_partitions(partitions)),
+        mode,
+        distribution: OutputDistribution::RoundRobin { channels: 1 },
+        placement: TaskPlacement::Worker,
+    }
+}
+
+fn graph(stages: Vec<Stage>) -> Arc<JobGraph> {
+    Arc::new(JobGraph::from_stages(stages, Arc::new(Schema::empty())).unwrap())
+}
+
+/// Stage 0 (2 partitions, blocking) → stage 1 (1 partition, final): regions 0, 1 then 2.
+fn blocking_job() -> Arc<JobGraph> {
+    graph(vec![
+        stage(&[], 2, OutputMode::Blocking),
+        stage(&[(0, InputMode::Shuffle)], 1, OutputMode::Pipelined),
+    ])
+}
+
+/// Stage 0 (2 partitions) → stage 1 (2 partitions, final), pipelined: one region of 4 tasks.
+fn pipelined_job() -> Arc<JobGraph> {
+    graph(vec![
+        stage(&[], 2, OutputMode::Pipelined),
+        stage(&[(0, InputMode::Shuffle)], 2, OutputMode::Pipelined),
+    ])
+}
+
+fn attempt(stage: usize, partition: usize, attempt: usize) -> TaskAttempt {
+    TaskAttempt {
+        task: TaskId {
+            stage: StageId(stage),
+            partition,
+        },
+        attempt,
+    }
+}
+
+fn transport(message: &str) -> TaskStatus {
+    TaskStatus::Failed(RemoteError::new(ErrorKind::Transport, message))
+}
+
+fn started(actions: &[SchedulerAction]) -> Vec<Vec<TaskAttempt>> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            SchedulerAction::RunRegion { tasks, .. } => Some(tasks.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failure(actions: &[SchedulerAction]) -> Option<JobFailure> {
+    actions.iter().find_map(|a| match a {
+        SchedulerAction::JobFailed { failure, .. } => Some(failure.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_job_runs_region_by_region_and_is_forgotten_when_done() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, actions) = scheduler.accept_job(blocking_job());
+    assert_eq!(job, JobId(1));
+    assert_eq!(
+        started(&actions),
+        [vec![attempt(0, 0, 0)], vec![attempt(0, 1, 0)]]
+    );
+    let running = scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Running);
+    assert_eq!(
+        running,
+        StatusOutcome {
+            accepted: true,
+            actions: vec![]
+        }
+    );
+    let done = scheduler.task_status(job, attempt(0, 0, 0), 2, TaskStatus::Succeeded);
+    assert!(done.accepted && done.actions.is_empty());
+    let actions = scheduler
+        .task_status(job, attempt(0, 1, 0), 1, TaskStatus::Succeeded)
+        .actions;
+    assert_eq!(started(&actions), [vec![attempt(1, 0, 0)]]);
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 1, TaskStatus::Running)
+        .actions;
+    assert_eq!(
+        actions,
+        [SchedulerAction::ExtendOutput {
+            job,
+            task: attempt(1, 0, 0)
+        }]
+    );
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 2, TaskStatus::Succeeded)
+        .actions;
+    assert_eq!(
+        actions,
+        [
+            SchedulerAction::JobSucceeded { job },
+            SchedulerAction::CleanUpJob { job }
+        ]
+    );
+    assert_eq!(scheduler.active_jobs(), 0);
+    // Late reports about a forgotten job change nothing and are not accepted.
+    let late = scheduler.task_status(job, attempt(1, 0, 0), 3, TaskStatus::Succeeded);
+    assert_eq!(late, StatusOutcome::default());
+    // The next job gets the next id.
+    assert_eq!(scheduler.accept_job(blocking_job()).0, JobId(2));
+}
+
+#[test]
+fn output_is_approved_only_for_the_current_attempt_and_stops_retries() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    // A region retried before any output: the old attempt's output is refused, the new one's
+    // approved.
+    scheduler.task_status(job, attempt(0, 0, 0), 1, transport("x"));
+    assert!(!scheduler.approve_output(job, attempt(1, 0, 0)));
+    assert!(scheduler.approve_output(job, attempt(1, 0, 1)));
+    // Once output reached the caller, a failure fails the job instead of retrying.
+    let actions = scheduler
+        .task_status(job, attempt(0, 1, 1), 1, transport("disk full"))
+        .actions;
+    assert!(started(&actions).is_empty());
+    let failure = failure(&actions).expect("the job should fail");
+    assert_eq!(
+        failure,
+        JobFailure {
+            task: attempt(0, 1, 1),
+            error: RemoteError::new(ErrorKind::Transport, "disk full"),
+            attempts: 2,
+            delivered: true,
+        }
+    );
+    assert!(!scheduler.approve_output(job, attempt(1, 0, 1)));
+}
+
+#[test]
+fn a_succeeded_region_keeps_approving_its_last_attempt() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    scheduler.task_status(job, attempt(0, 0, 0), 1, transport("x"));
+    scheduler.task_status(job, attempt(0, 0, 1), 1, TaskStatus::Succeeded);
+    assert!(scheduler.approve_output(job, attempt(0, 0, 1)));
+    assert!(!scheduler.approve_output(job, attempt(0, 0, 0)));
+    // A region that has not started approves nothing.
+    assert!(!scheduler.approve_output(job, attempt(1, 0, 0)));
+}
+
+#[test]
+fn a_failure_in_the_middle_of_a_region_restarts_it_and_discards_the_old_outputs() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, actions) = scheduler.accept_job(pipelined_job());
+    assert_eq!(started(&actions)[0].len(), 4);
+    scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Succeeded);
+    let actions = scheduler
+        .task_status(job, attempt(1, 1, 0), 1, transport("connection reset"))
+        .actions;
+    assert_eq!(
+        actions[0],
+        SchedulerAction::StopTasks {
+            job,
+            tasks: vec![attempt(0, 1, 0), attempt(1, 0, 0)]
+        }
+    );
+    // Every output of the replaced attempt goes, the succeeded task's included.
+    assert_eq!(
+        actions[1],
+        SchedulerAction::DiscardOutputs {
+            job,
+            tasks: vec![
+                attempt(0, 0, 0),
+                attempt(0, 1, 0),
+                attempt(1, 0, 0),
+                attempt(1, 1, 0)
+            ]
+        }
+    );
+    assert!(matches!(
+        &actions[2],
+        SchedulerAction::RegionRetried { next_attempt: 1, failed, .. } if *failed == attempt(1, 1, 0)
+    ));
+    assert_eq!(
+        started(&actions),
+        [vec![
+            attempt(0, 0, 1),
+            attempt(0, 1, 1),
+            attempt(1, 0, 1),
+            attempt(1, 1, 1)
+        ]]
+    );
+    // The stopped attempts' cancellations are stale: not accepted, no action, no failure.
+    let stale = scheduler.task_status(job, attempt(0, 1, 0), 2, TaskStatus::Canceled);
+    assert_eq!(stale, StatusOutcome::default());
+    for (s, p) in [(0, 0), (0, 1), (1, 0)] {
+        let outcome = scheduler.task_status(job, attempt(s, p, 1), 1, TaskStatus::Succeeded);
+        assert!(outcome.accepted && outcome.actions.is_empty());
+    }
+    let actions = scheduler
+        .task_status(job, attempt(1, 1, 1), 1, TaskStatus::Succeeded)
+        .actions;
+    assert!(actions.contains(&SchedulerAction::JobSucceeded { job }));
+}
+
+#[test]
+fn duplicated_and_out_of_order_reports_are_not_accepted() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    assert!(
+        scheduler
+            .task_status(job, attempt(0, 0, 0), 2, TaskStatus::Succeeded)
+            .accepted
+    );
+    // An older report arriving late, and the same report twice.
+    let older = scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Running);
+    assert_eq!(older, StatusOutcome::default());
+    let twice = scheduler.task_status(job, attempt(0, 0, 0), 2, TaskStatus::Succeeded);
+    assert_eq!(twice, StatusOutcome::default());
+    // A report for an attempt that never ran.
+    let never = scheduler.task_status(job, attempt(0, 1, 7), 1, transport("x"));
+    assert_eq!(never, StatusOutcome::default());
+    let actions = scheduler
+        .task_status(job, attempt(0, 1, 0), 1, TaskStatus::Succeeded)
+        .actions;
+    assert_eq!(started(&actions), [vec![attempt(1, 0, 0)]]);
+}
+
+#[test]
+fn a_job_whose_final_attempt_fails_fails_with_the_root_cause() {
+    let mut scheduler = JobScheduler::new(2);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    let first = scheduler.task_status(job, attempt(0, 1, 0), 1, transport("boom"));
+    assert_eq!(started(&first.actions).len(), 1);
+    let last = scheduler
+        .task_status(job, attempt(0, 1, 1), 1, transport("boom"))
+        .actions;
+    let failure = failure(&last).unwrap();
+    assert_eq!(failure.task, attempt(0, 1, 1));
+    assert_eq!(failure.attempts, 2);
+    assert!(!failure.delivered);
+    assert_eq!(failure.error.message, "boom");
+    assert!(last.contains(&SchedulerAction::CleanUpJob { job }));
+    assert!(matches!(&last[0], SchedulerAction::StopTasks { tasks, .. } if tasks.len() == 3));
+    assert_eq!(scheduler.active_jobs(), 0);
+    // The cancellations of the stopped tasks come later and change nothing.
+    let late = scheduler.task_status(job, attempt(1, 0, 1), 2, TaskStatus::Canceled);
+    assert_eq!(late, StatusOutcome::default());
+}
+
+#[test]
+fn a_user_error_fails_the_job_at_once_without_retries() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    let divide = RemoteError::of(&datafusion::common::DataFusionError::ArrowError(
+        Box::new(datafusion::arrow::error::ArrowError::DivideByZero),
+        None,
+    ));
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 2, TaskStatus::Failed(divide.clone()))
+        .actions;
+    assert!(started(&actions).is_empty(), "{actions:?}");
+    let failure = failure(&actions).unwrap();
+    assert_eq!(failure.attempts, 1);
+    assert_eq!(failure.error, divide);
+    assert_eq!(scheduler.active_jobs(), 0);
+}
+
+#[test]
+fn a_task_not_started_fails_its_attempt_unless_it_reported_already() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    // The RunTask reply was lost, but the task runs: it already reported, so nothing changes.
+    scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Running);
+    let lost_reply = scheduler.task_not_started(
+        job,
+        attempt(0, 0, 0),
+        RemoteError::new(ErrorKind::Transport, "deadline exceeded"),
+    );
+    assert!(lost_reply.is_empty(), "{lost_reply:?}");
+    // Its later reports still count.
+    assert!(
+        scheduler
+            .task_status(job, attempt(0, 0, 0), 2, TaskStatus::Succeeded)
+            .accepted
+    );
+    // A task that never reported and could not be started: the region is retried.
+    let refused = scheduler.task_not_started(
+        job,
+        attempt(0, 1, 0),
+        RemoteError::new(ErrorKind::Transport, "worker 2 refused the task"),
+    );
+    assert_eq!(started(&refused).len(), 1);
+    assert_eq!(started(&refused)[0][0], attempt(0, 0, 1));
+    // If it does report later (it ran after all), the report is stale.
+    let stale = scheduler.task_status(job, attempt(0, 1, 0), 1, TaskStatus::Running);
+    assert_eq!(stale, StatusOutcome::default());
+}
+
+#[test]
+fn a_lost_task_fails_its_region_even_after_reporting() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    scheduler.task_status(job, attempt(1, 0, 0), 1, TaskStatus::Running);
+    let actions = scheduler.task_lost(
+        job,
+        attempt(1, 0, 0),
+        RemoteError::new(ErrorKind::Transport, "worker 1 lost"),
+    );
+    assert_eq!(started(&actions).len(), 1);
+    // Losing an attempt that is no longer current changes nothing.
+    assert!(
+        scheduler
+            .task_lost(
+                job,
+                attempt(1, 0, 0),
+                RemoteError::new(ErrorKind::Transport, "again")
+            )
+            .is_empty()
+    );
+}
+
+#[test]
+fn cancelling_a_job_stops_its_tasks_and_forgets_it() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    scheduler.task_status(job, attempt(0, 0, 0), 1, TaskStatus::Succeeded);
+    let actions = scheduler.cancel_job(job);
+    assert_eq!(
+        actions,
+        [
+            SchedulerAction::StopTasks {
+                job,
+                tasks: vec![attempt(0, 1, 0)]
+            },
+            SchedulerAction::CleanUpJob { job }
+        ]
+    );
+    assert_eq!(scheduler.active_jobs(), 0);
+    assert!(scheduler.cancel_job(job).is_empty());
+}

@@ -1,0 +1,327 @@
+//! A worker: runs task attempts and keeps their output streams. The same code serves every
+//! distributed mode: in-process (`local-graph`, the driver's own executor) the driver calls it
+//! directly; in a cluster, `sluice-cluster` puts `WorkerService` and Arrow Flight in front of it.
+//!
+//! ```text
+//!   run_task(TaskDefinition) ─► task runtime (JoinSet) ─► attempt::run_attempt
+//!                                   │ Running ─► StatusReporter
+//!                                   │ execute: readers ─► stage plan ─► ShuffleWriterExec ─► store
+//!                                   └ Succeeded | Failed(error) | Canceled ─► StatusReporter
+//!   stop_task ─► the attempt's stop signal (its stream is dropped, its output removed)
+//!   clean_up_job ─► stop the job's attempts, remove its streams
+//! ```
+//!
+//! Invariants: every attempt runs on the task runtime inside the worker's `JoinSet`, so dropping the
+//! last handle of the worker aborts them all, and the control plane (another runtime) always
+//! answers; each attempt reports exactly one final status (sequence 2) after its `Running`
+//! (sequence 1): whoever finishes it first — the attempt itself, or a stop — claims the report.
+//!
+//! A stop takes effect at once: the attempt leaves the running set, its output is removed, its
+//! `Canceled` report goes out, and its future is aborted. An operator that computes for a long time
+//! inside one poll (a nested-loop join over a large build side) cannot be interrupted mid-poll; its
+//! future is dropped at its next yield, and [`Worker::live_attempts`] counts it until then.
+
+mod attempt;
+mod streams;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::definition::{TaskDefinition, TaskState, TaskStatusReport};
+use crate::stream_store::{StoreCounts, StreamStore};
+use crate::task_runtime::task_runtime;
+use crate::transport::{StatusReporter, StreamFetcher};
+use datafusion::common::runtime::JoinSet;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_planner::{AttemptKey, JobId, WorkerId};
+use std::sync::atomic::AtomicBool;
+use tokio::task::AbortHandle;
+
+/// A test hook: called before each task attempt runs; `Some(message)` makes the attempt fail with a
+/// transport error carrying it (an environment failure, so the attempt is retried).
+#[cfg(feature = "testing")]
+pub type FaultHook = Arc<dyn Fn(&AttemptKey) -> Option<String> + Send + Sync>;
+
+/// How a worker runs.
+#[derive(Clone)]
+pub struct WorkerOptions {
+    /// Task attempts it runs at once.
+    pub slots: usize,
+    /// How long a read waits for a stream whose task has not started yet.
+    pub read_timeout: Duration,
+    /// Fails chosen attempts (tests only).
+    #[cfg(feature = "testing")]
+    pub fault: Option<FaultHook>,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            slots: 64,
+            read_timeout: Duration::from_secs(60),
+            #[cfg(feature = "testing")]
+            fault: None,
+        }
+    }
+}
+
+impl fmt::Debug for WorkerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerOptions")
+            .field("slots", &self.slots)
+            .field("read_timeout", &self.read_timeout)
+            .finish()
+    }
+}
+
+/// What every attempt of a worker shares (attempts hold this, never the `JoinSet` that owns them).
+pub(crate) struct WorkerShared {
+    name: String,
+    address: String,
+    id: AtomicU64,
+    store: Arc<StreamStore>,
+    fetcher: Arc<dyn StreamFetcher>,
+    reporter: Mutex<Option<Arc<dyn StatusReporter>>>,
+    /// The attempts running (neither finished nor stopped).
+    tasks: Mutex<HashMap<AttemptKey, Running>>,
+    template: Arc<TaskContext>,
+    options: WorkerOptions,
+}
+
+/// One running attempt: how to abort it, and who claimed its final report.
+struct Running {
+    abort: Option<AbortHandle>,
+    finished: Arc<AtomicBool>,
+}
+
+/// A worker; cheap to clone. Dropping the last clone aborts every attempt it runs.
+#[derive(Clone)]
+pub struct Worker {
+    shared: Arc<WorkerShared>,
+    attempts: Arc<Mutex<JoinSet<()>>>,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("name", &self.shared.name)
+            .field("address", &self.shared.address)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// A worker named `name` (errors name it), whose streams others read at `address` through
+    /// `fetcher`'s counterpart, and which reads other workers' streams through `fetcher`.
+    pub fn new(
+        name: impl Into<String>,
+        address: impl Into<String>,
+        options: WorkerOptions,
+        fetcher: Arc<dyn StreamFetcher>,
+    ) -> Self {
+        let name = name.into();
+        let runtime = Arc::new(RuntimeEnv::default());
+        let template =
+            SessionContext::new_with_config_rt(SessionConfig::new(), runtime.clone()).task_ctx();
+        let store = Arc::new(StreamStore::new(
+            name.clone(),
+            runtime,
+            options.read_timeout,
+        ));
+        Self {
+            shared: Arc::new(WorkerShared {
+                name,
+                address: address.into(),
+                id: AtomicU64::new(0),
+                store,
+                fetcher,
+                reporter: Mutex::new(None),
+                tasks: Mutex::new(HashMap::new()),
+                template,
+                options,
+            }),
+            attempts: Arc::new(Mutex::new(JoinSet::new())),
+        }
+    }
+
+    /// The worker's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The address its streams are read at.
+    pub fn address(&self) -> &str {
+        &self.shared.address
+    }
+
+    /// Its stream store.
+    pub fn store(&self) -> &Arc<StreamStore> {
+        &self.shared.store
+    }
+
+    /// The context whose function registry decodes plans sent to this worker.
+    pub fn function_context(&self) -> &Arc<TaskContext> {
+        &self.shared.template
+    }
+
+    /// Task slots it offers.
+    pub fn slots(&self) -> usize {
+        self.shared.options.slots.max(1)
+    }
+
+    /// Sets where status reports go and this worker's id at the driver.
+    pub fn set_reporter(&self, id: WorkerId, reporter: Arc<dyn StatusReporter>) -> Result<()> {
+        self.shared.id.store(id.0, Ordering::Relaxed);
+        *self.shared.reporter_lock()? = Some(reporter);
+        Ok(())
+    }
+
+    fn attempts_lock(&self) -> Result<MutexGuard<'_, JoinSet<()>>> {
+        self.attempts.lock().map_err(|_| {
+            DataFusionError::Internal(format!("{}: attempt set poisoned", self.shared.name))
+        })
+    }
+
+    /// Starts one task attempt on the task runtime.
+    pub fn run_task(&self, definition: TaskDefinition) -> Result<()> {
+        let key = definition.attempt;
+        let finished = Arc::new(AtomicBool::new(false));
+        {
+            let mut tasks = self.shared.tasks_lock()?;
+            if tasks.contains_key(&key) {
+                return Err(DataFusionError::Internal(format!(
+                    "{}: {key} is already running",
+                    self.shared.name
+                )));
+            }
+            tasks.insert(
+                key,
+                Running {
+                    abort: None,
+                    finished: Arc::clone(&finished),
+                },
+            );
+        }
+        let handle = task_runtime()?;
+        let attempt = attempt::run_attempt(Arc::clone(&self.shared), definition, finished);
+        let abort = {
+            let mut attempts = self.attempts_lock()?;
+            // Reap finished attempts so the set holds only live ones.
+            while attempts.try_join_next().is_some() {}
+            attempts.spawn_on(attempt, &handle)
+        };
+        if let Some(running) = self.shared.tasks_lock()?.get_mut(&key) {
+            running.abort = Some(abort);
+        }
+        Ok(())
+    }
+
+    /// Stops one attempt: it leaves the running set, its output is removed, its `Canceled` report
+    /// goes out and its future is aborted. `false` when it is not running here.
+    pub fn stop_task(&self, key: AttemptKey) -> Result<bool> {
+        let running = self.shared.tasks_lock()?.remove(&key);
+        let Some(running) = running else {
+            return Ok(false);
+        };
+        self.stop(key, running)?;
+        Ok(true)
+    }
+
+    fn stop(&self, key: AttemptKey, running: Running) -> Result<()> {
+        if running.finished.swap(true, Ordering::SeqCst) {
+            return Ok(()); // it finished on its own and reported
+        }
+        if let Some(abort) = running.abort {
+            abort.abort();
+        }
+        self.shared.store.remove_attempt(key)?;
+        let shared = Arc::clone(&self.shared);
+        let report = async move {
+            let report = TaskStatusReport {
+                worker: shared.worker_id(),
+                attempt: key,
+                sequence: 2,
+                state: TaskState::Canceled,
+            };
+            shared.report(report).await;
+        };
+        // The report goes out from the caller's (control) runtime, owned by the attempt set.
+        self.attempts_lock()?.spawn(report);
+        Ok(())
+    }
+
+    /// Stops every attempt of `job` and removes its streams.
+    pub fn clean_up_job(&self, job: JobId) -> Result<()> {
+        let stopped: Vec<(AttemptKey, Running)> = {
+            let mut tasks = self.shared.tasks_lock()?;
+            let keys: Vec<AttemptKey> = tasks.keys().filter(|k| k.job == job).copied().collect();
+            keys.into_iter()
+                .filter_map(|key| tasks.remove(&key).map(|running| (key, running)))
+                .collect()
+        };
+        for (key, running) in stopped {
+            self.stop(key, running)?;
+        }
+        self.shared.store.remove_job(job)
+    }
+
+    /// Attempts running (neither finished nor stopped), and what the store holds.
+    pub fn counts(&self) -> (usize, StoreCounts) {
+        let running = self.shared.tasks_lock().map(|t| t.len()).unwrap_or(0);
+        (running, self.shared.store.counts())
+    }
+
+    /// Attempt futures still alive: the running ones, and stopped ones whose operator has not
+    /// yielded since the stop (see the module docs).
+    pub fn live_attempts(&self) -> usize {
+        self.attempts_lock()
+            .map(|mut attempts| {
+                while attempts.try_join_next().is_some() {}
+                attempts.len()
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl WorkerShared {
+    fn tasks_lock(&self) -> Result<MutexGuard<'_, HashMap<AttemptKey, Running>>> {
+        self.tasks
+            .lock()
+            .map_err(|_| DataFusionError::Internal(format!("{}: task table poisoned", self.name)))
+    }
+
+    fn reporter_lock(&self) -> Result<MutexGuard<'_, Option<Arc<dyn StatusReporter>>>> {
+        self.reporter
+            .lock()
+            .map_err(|_| DataFusionError::Internal(format!("{}: reporter poisoned", self.name)))
+    }
+
+    fn worker_id(&self) -> WorkerId {
+        WorkerId(self.id.load(Ordering::Relaxed))
+    }
+
+    /// Called when an attempt finished on its own: `true` if it claims the final report (it was
+    /// not stopped first), and then it leaves the running set.
+    fn finish(&self, key: AttemptKey, finished: &AtomicBool) -> bool {
+        if finished.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if let Ok(mut tasks) = self.tasks_lock() {
+            tasks.remove(&key);
+        }
+        true
+    }
+
+    async fn report(&self, report: TaskStatusReport) {
+        let reporter = self.reporter_lock().ok().and_then(|r| r.clone());
+        if let Some(reporter) = reporter {
+            reporter.report(report).await;
+        }
+    }
+}

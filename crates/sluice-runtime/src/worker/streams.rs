@@ -1,0 +1,139 @@
+//! The streams of one task attempt: its inputs' locators, read from this worker's store when the
+//! stream is here (no serialization) and through the worker's `StreamFetcher` otherwise, and its
+//! output in this worker's store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
+use sluice_planner::{AttemptKey, InputKey, OutputMode, StageId, StageInputExec};
+
+use super::WorkerShared;
+use crate::definition::{StreamLocator, TaskDefinition};
+use crate::stream_store::{StreamStore, TaskSender, TaskStreams};
+use crate::task::TaskInput;
+use crate::transport::StreamFetcher;
+
+/// The streams of one attempt; see the module docs.
+pub(super) struct AttemptStreams {
+    key: AttemptKey,
+    worker: String,
+    own_address: String,
+    inputs: Vec<TaskInput>,
+    locations: HashMap<(StageId, InputKey), StreamLocator>,
+    schemas: HashMap<StageId, SchemaRef>,
+    channels: usize,
+    output_schema: SchemaRef,
+    replicas: usize,
+    mode: OutputMode,
+    store: Arc<StreamStore>,
+    fetcher: Arc<dyn StreamFetcher>,
+}
+
+impl std::fmt::Debug for AttemptStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttemptStreams")
+            .field("key", &self.key)
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+impl AttemptStreams {
+    pub fn try_new(
+        shared: &WorkerShared,
+        definition: &TaskDefinition,
+        plan: &Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        let key = definition.attempt;
+        let mut inputs = Vec::with_capacity(definition.inputs.len());
+        let mut locations = HashMap::new();
+        for input in &definition.inputs {
+            let keys = input
+                .partitions
+                .iter()
+                .map(|streams| {
+                    streams
+                        .iter()
+                        .map(|locator| {
+                            let input_key = locator.input_key();
+                            locations.insert((input.stage, input_key), locator.clone());
+                            input_key
+                        })
+                        .collect()
+                })
+                .collect();
+            inputs.push(TaskInput {
+                stage: input.stage,
+                mode: input.mode,
+                keys,
+            });
+        }
+        let mut schemas = HashMap::new();
+        plan.apply(|node| {
+            if let Some(placeholder) = node.downcast_ref::<StageInputExec<usize>>()
+                && let Some(input) = inputs.get(*placeholder.input())
+            {
+                schemas.insert(input.stage, placeholder.schema());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(Self {
+            key,
+            worker: shared.name.clone(),
+            own_address: shared.address.clone(),
+            inputs,
+            locations,
+            schemas,
+            channels: definition.output.channels(),
+            output_schema: plan.schema(),
+            replicas: definition.replicas,
+            mode: definition.output_mode,
+            store: Arc::clone(&shared.store),
+            fetcher: Arc::clone(&shared.fetcher),
+        })
+    }
+
+    /// What each stage input reads, by input index.
+    pub fn inputs(&self) -> &[TaskInput] {
+        &self.inputs
+    }
+}
+
+impl TaskStreams for AttemptStreams {
+    fn take_stream(&self, stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream> {
+        let Some(locator) = self.locations.get(&(stage, key)) else {
+            return Err(DataFusionError::Internal(format!(
+                "{}: {} has no locator for stage {stage} {key:?}",
+                self.worker, self.key
+            )));
+        };
+        let schema = self.schemas.get(&stage).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!("{}: no schema for stage {stage}", self.key))
+        })?;
+        if locator.address == self.own_address {
+            return Ok(self.store.take_stream(locator.stream, schema));
+        }
+        Ok(self.fetcher.fetch(&locator.address, locator.stream, schema))
+    }
+
+    fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender> {
+        if stage != self.key.stage || partition != self.key.partition {
+            return Err(DataFusionError::Internal(format!(
+                "{}: {} cannot write stage {stage} partition {partition}",
+                self.worker, self.key
+            )));
+        }
+        self.store.create_output(
+            self.key,
+            self.channels,
+            self.replicas,
+            self.mode,
+            self.output_schema.clone(),
+        )
+    }
+}

@@ -1,0 +1,337 @@
+//! Replayable channel buffers: the output of a blocking stage, which its consumers read after it
+//! finished, as often as they need (every replica of a channel, and again after a consumer failed and
+//! was retried), until it is released.
+//!
+//! ```text
+//!  producer ──append(channel, batch)──►  channel 0: [mem][mem][spilled][mem]   (kept, never popped)
+//!                                        channel 1: [mem]
+//!  reader A of channel 0 ─ cursor 0,1,2,3 ─► batches in append order
+//!  reader B of channel 0 ─ cursor 0,1,…   ─► the same batches again
+//! ```
+//!
+//! Invariants: every reader of a channel sees exactly the batches appended to it, in order; a reader
+//! that catches up with the writer waits for the next batch or for the writer to close; memory is held
+//! in one `MemoryReservation` and a batch the pool has no room for goes to an lz4 Arrow IPC spill file
+//! (read back by every reader, deleted when the output is dropped); a write never waits for readers.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion_common::config::SpillCompression;
+use datafusion_common::utils::memory::get_record_batch_memory_size;
+use datafusion_common::{DataFusionError, Result};
+use datafusion_execution::SpillFile;
+use datafusion_execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion_execution::runtime_env::RuntimeEnv;
+use datafusion_physical_plan::metrics::SpillMetrics;
+use datafusion_physical_plan::spill::SpillManager;
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+#[derive(Clone)]
+enum Entry {
+    Memory(RecordBatch),
+    Spilled(Arc<dyn SpillFile>),
+}
+
+struct State {
+    channels: Vec<Vec<Entry>>,
+    writing: bool,
+    reservation: MemoryReservation,
+}
+
+/// A blocking stage output's channels; see the module docs. Shared by its writer and its readers.
+pub struct ReplayableOutput {
+    name: String,
+    state: Mutex<State>,
+    appended: Notify,
+    spill: SpillManager,
+}
+
+impl std::fmt::Debug for ReplayableOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayableOutput")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl ReplayableOutput {
+    /// `channels` empty channels for batches of `schema`, their memory in `runtime`'s pool.
+    pub fn new(
+        name: &str,
+        channels: usize,
+        schema: SchemaRef,
+        runtime: Arc<RuntimeEnv>,
+        spill_metrics: SpillMetrics,
+    ) -> Arc<Self> {
+        let spill = SpillManager::new(runtime.clone(), spill_metrics, schema)
+            .with_compression_type(SpillCompression::Lz4Frame);
+        Arc::new(Self {
+            name: name.to_string(),
+            state: Mutex::new(State {
+                channels: vec![Vec::new(); channels],
+                writing: true,
+                reservation: MemoryConsumer::new(format!("{name} (replayable)"))
+                    .register(&runtime.memory_pool),
+            }),
+            appended: Notify::new(),
+            spill,
+        })
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| {
+            DataFusionError::Internal(format!("{}: replayable output poisoned", self.name))
+        })
+    }
+
+    /// Number of channels.
+    pub fn channels(&self) -> usize {
+        self.lock().map_or(0, |state| state.channels.len())
+    }
+
+    /// Appends `batch` to `channel`, in memory if the pool has room, else in a spill file.
+    pub fn append(&self, channel: usize, batch: RecordBatch) -> Result<()> {
+        let bytes = get_record_batch_memory_size(&batch);
+        let entry = {
+            let state = self.lock()?;
+            if channel >= state.channels.len() {
+                return Err(DataFusionError::Internal(format!(
+                    "{}: channel {channel} out of range ({} channels)",
+                    self.name,
+                    state.channels.len()
+                )));
+            }
+            if state.reservation.try_grow(bytes).is_ok() {
+                Some(Entry::Memory(batch.clone()))
+            } else {
+                None
+            }
+        };
+        let entry = match entry {
+            Some(entry) => entry,
+            None => match self
+                .spill
+                .spill_record_batch_and_finish(std::slice::from_ref(&batch), &self.name)?
+            {
+                Some(file) => Entry::Spilled(file),
+                None => return Ok(()), // an empty batch: nothing to keep
+            },
+        };
+        self.lock()?.channels[channel].push(entry);
+        self.appended.notify_waiters();
+        Ok(())
+    }
+
+    /// The writer is done: readers that caught up end instead of waiting.
+    pub fn close(&self) {
+        if let Ok(mut state) = self.lock() {
+            state.writing = false;
+        }
+        self.appended.notify_waiters();
+    }
+
+    /// Whether the writer has closed the output.
+    pub fn is_closed(&self) -> bool {
+        self.lock().is_ok_and(|state| !state.writing)
+    }
+
+    /// Memory held, in bytes (spilled batches excluded).
+    pub fn memory_bytes(&self) -> usize {
+        self.lock().map_or(0, |state| state.reservation.size())
+    }
+
+    /// A reader of `channel` from its first batch.
+    pub fn reader(self: &Arc<Self>, channel: usize) -> Result<ReplayReader> {
+        let channels = self.lock()?.channels.len();
+        if channel >= channels {
+            return Err(DataFusionError::Internal(format!(
+                "{}: channel {channel} out of range ({channels} channels)",
+                self.name
+            )));
+        }
+        Ok(ReplayReader {
+            output: Arc::clone(self),
+            channel,
+            position: 0,
+        })
+    }
+}
+
+/// One reader of one channel of a [`ReplayableOutput`].
+pub struct ReplayReader {
+    output: Arc<ReplayableOutput>,
+    channel: usize,
+    position: usize,
+}
+
+impl ReplayReader {
+    /// The next batch, `None` at the end of a closed output.
+    pub async fn recv(&mut self) -> Option<Result<RecordBatch>> {
+        loop {
+            let appended = self.output.appended.notified();
+            tokio::pin!(appended);
+            appended.as_mut().enable();
+            let entry = {
+                let state = match self.output.lock() {
+                    Ok(state) => state,
+                    Err(error) => return Some(Err(error)),
+                };
+                match state.channels[self.channel].get(self.position) {
+                    Some(entry) => Some(entry.clone()),
+                    None if !state.writing => return None,
+                    None => None,
+                }
+            };
+            match entry {
+                Some(Entry::Memory(batch)) => {
+                    self.position += 1;
+                    return Some(Ok(batch));
+                }
+                Some(Entry::Spilled(file)) => {
+                    self.position += 1;
+                    return Some(self.read_spilled(file).await);
+                }
+                None => appended.await,
+            }
+        }
+    }
+
+    async fn read_spilled(&self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
+        let mut stream = self
+            .output
+            .spill
+            .read_spill_as_stream_unbuffered(file, None)?;
+        stream.next().await.ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "{} channel {}: spill file holds no batch",
+                self.output.name, self.channel
+            ))
+        })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion_execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+    use datafusion_execution::memory_pool::GreedyMemoryPool;
+    use datafusion_execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion_physical_plan::metrics::ExecutionPlanMetricsSet;
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]))
+    }
+
+    fn batch(start: i64, rows: i64) -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![Arc::new(Int64Array::from_iter_values(start..start + rows))],
+        )
+        .unwrap()
+    }
+
+    fn output(pool: usize, dir: &std::path::Path) -> Arc<ReplayableOutput> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(GreedyMemoryPool::new(pool)))
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default()
+                    .with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()])),
+            )
+            .build_arc()
+            .unwrap();
+        ReplayableOutput::new(
+            "test",
+            2,
+            schema(),
+            runtime,
+            SpillMetrics::new(&ExecutionPlanMetricsSet::new(), 0),
+        )
+    }
+
+    async fn read_all(mut reader: ReplayReader) -> Vec<i64> {
+        let mut values = Vec::new();
+        while let Some(batch) = reader.recv().await {
+            let batch = batch.unwrap();
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            values.extend((0..column.len()).map(|i| column.value(i)));
+        }
+        values
+    }
+
+    #[tokio::test]
+    async fn every_reader_sees_every_batch_in_order_across_memory_and_spill() {
+        let dir = tempfile::tempdir().unwrap();
+        // Room for about two batches of 1000 rows: the rest spills.
+        let out = output(20_000, dir.path());
+        for i in 0..6 {
+            out.append(0, batch(i * 1000, 1000)).unwrap();
+        }
+        out.append(1, batch(-5, 5)).unwrap();
+        out.close();
+        let expected: Vec<i64> = (0..6000).collect();
+        assert_eq!(read_all(out.reader(0).unwrap()).await, expected);
+        // A second reader (another replica, or a retried consumer) reads the same again.
+        assert_eq!(read_all(out.reader(0).unwrap()).await, expected);
+        assert_eq!(
+            read_all(out.reader(1).unwrap()).await,
+            vec![-5, -4, -3, -2, -1]
+        );
+        assert!(out.memory_bytes() <= 20_000, "{}", out.memory_bytes());
+        assert!(
+            files_in(dir.path()) >= 4,
+            "{} spill files",
+            files_in(dir.path())
+        );
+        drop(out);
+        assert_eq!(files_in(dir.path()), 0);
+    }
+
+    fn files_in(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| {
+                        if e.path().is_dir() {
+                            files_in(&e.path())
+                        } else {
+                            1
+                        }
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_catches_up_waits_for_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = output(1 << 20, dir.path());
+        out.append(0, batch(0, 3)).unwrap();
+        let reader = out.reader(0).unwrap();
+        let read = tokio::spawn(read_all(reader));
+        tokio::task::yield_now().await;
+        out.append(0, batch(3, 2)).unwrap();
+        out.close();
+        assert_eq!(read.await.unwrap(), vec![0, 1, 2, 3, 4]);
+        assert!(out.is_closed());
+    }
+
+    #[test]
+    fn a_channel_out_of_range_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = output(1 << 20, dir.path());
+        assert!(out.append(2, batch(0, 1)).is_err());
+        assert!(out.reader(2).is_err());
+    }
+}

@@ -1,0 +1,352 @@
+//! Local-cluster mode (a driver and workers over gRPC and Arrow Flight on loopback) must return
+//! exactly what local mode returns, retry a region whose task failed for a reason another attempt
+//! may not meet, fail at once (with local mode's text) on a user error, fail with the task's own
+//! error when retries run out, and stop everything on every worker when the caller drops the output
+//! — also while tasks are CPU-bound.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sluice_cluster::{ClusterOptions, ClusterSnapshot, LocalClusterRunner};
+use sluice_engine::session::collect_stream;
+use sluice_engine::{ExecutionMode, SluiceSession, SluiceStatement};
+use sluice_planner::AttemptKey;
+use sluice_runtime::runner::LocalGraphOptions;
+use sluice_runtime::worker::FaultHook;
+use sluice_runtime::{LocalGraphRunner, WorkerOptions};
+use sluice_tpch::answers::format_rows;
+use sluice_tpch::bench::run_tpch_query;
+use sluice_tpch::queries::tpch_query;
+
+use common::{session, tpch_session};
+
+fn cluster_runner(workers: usize, fault: Option<FaultHook>) -> LocalClusterRunner {
+    LocalClusterRunner::with_options(ClusterOptions {
+        workers,
+        worker: WorkerOptions {
+            fault,
+            ..WorkerOptions::default()
+        },
+        ..ClusterOptions::default()
+    })
+}
+
+async fn cluster_session(runner: &LocalClusterRunner) -> SluiceSession {
+    tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await
+}
+
+async fn all_tpch_queries_match_local_mode_on(workers: usize) {
+    let local = session(ExecutionMode::Local, &[]).await;
+    let runner = cluster_runner(workers, None);
+    let cluster = cluster_session(&runner).await;
+    let mut failures = Vec::new();
+    for number in 1..=22u8 {
+        let query = tpch_query(number, 0.01).unwrap();
+        let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+        match run_tpch_query(&cluster, &query).await {
+            // Every TPC-H query with more than one row orders it completely.
+            Ok(batches) => {
+                let actual = format_rows(&batches).unwrap();
+                if actual != expected {
+                    failures.push(format!(
+                        "q{number}: local {} rows, local-cluster {} rows",
+                        expected.len(),
+                        actual.len()
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("q{number}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let snapshot = wait_idle(&runner, Duration::from_secs(2)).await;
+    assert!(snapshot.is_idle(), "{snapshot:?}");
+    assert_eq!(snapshot.driver.workers, workers);
+    assert_eq!(snapshot.driver.busy_slots, vec![0; workers]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_tpch_queries_match_local_mode_on_2_workers() {
+    all_tpch_queries_match_local_mode_on(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_tpch_queries_match_local_mode_on_4_workers() {
+    all_tpch_queries_match_local_mode_on(4).await;
+}
+
+/// Waits until the cluster holds no job, task or stream (cleanup RPCs are asynchronous).
+async fn wait_idle(runner: &LocalClusterRunner, within: Duration) -> ClusterSnapshot {
+    let cluster = runner.cluster().await.unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        let snapshot = cluster.snapshot().await.unwrap();
+        if snapshot.is_idle() || Instant::now() > deadline {
+            return snapshot;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Attempts started, per (stage, partition, attempt).
+type Attempts = Arc<Mutex<HashMap<(usize, usize, usize), usize>>>;
+
+/// Counts the attempts the workers start; `fail` picks the ones that fail with an injected
+/// (transport) fault.
+fn counting_hook(
+    fail: impl Fn(&AttemptKey) -> bool + Send + Sync + 'static,
+) -> (FaultHook, Attempts) {
+    let seen = Arc::new(Mutex::new(HashMap::new()));
+    let counts = seen.clone();
+    let hook: FaultHook = Arc::new(move |key: &AttemptKey| {
+        *counts
+            .lock()
+            .unwrap()
+            .entry((key.stage.0, key.partition, key.attempt))
+            .or_insert(0) += 1;
+        fail(key).then(|| "disk on fire".to_string())
+    });
+    (hook, seen)
+}
+
+const Q3: u8 = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_fails_once_is_retried_and_the_answer_is_right() {
+    let (hook, seen) =
+        counting_hook(|key| key.stage.0 == 0 && key.partition == 1 && key.attempt == 0);
+    let local = session(ExecutionMode::Local, &[]).await;
+    let runner = cluster_runner(2, Some(hook));
+    let cluster = cluster_session(&runner).await;
+    let query = tpch_query(Q3, 0.01).unwrap();
+    let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+    let actual = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
+    assert_eq!(actual, expected);
+    let seen = seen.lock().unwrap().clone();
+    // The failed attempt ran once, and its region ran again as attempt 1, every task of it.
+    assert_eq!(seen.get(&(0, 1, 0)), Some(&1), "{seen:?}");
+    assert_eq!(seen.get(&(0, 1, 1)), Some(&1), "{seen:?}");
+    assert!(seen.keys().all(|(_, _, attempt)| *attempt <= 1), "{seen:?}");
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_always_fails_fails_the_query_with_its_own_error() {
+    let (hook, seen) = counting_hook(|key| key.stage.0 == 0 && key.partition == 0);
+    let runner = cluster_runner(2, Some(hook));
+    let cluster = cluster_session(&runner).await;
+    let query = tpch_query(Q3, 0.01).unwrap();
+    let error = run_tpch_query(&cluster, &query)
+        .await
+        .unwrap_err()
+        .to_string();
+    // "job 1: stage 0 partition 0 failed on worker 2 (127.0.0.1:…) after 3 attempts caused by
+    //  External error: injected fault in job 1 stage 0 partition 0 attempt 2: disk on fire"
+    assert!(
+        error.starts_with("job 1: stage 0 partition 0 failed on worker "),
+        "{error}"
+    );
+    assert!(error.contains(" after 3 attempts caused by External error: injected fault in job 1 stage 0 partition 0 attempt 2: disk on fire"), "{error}");
+    assert!(!error.contains("cancelled"), "{error}");
+    let seen = seen.lock().unwrap().clone();
+    for attempt in 0..3 {
+        assert_eq!(seen.get(&(0, 0, attempt)), Some(&1), "{seen:?}");
+    }
+    assert_eq!(seen.get(&(0, 0, 3)), None, "{seen:?}");
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
+/// The error text of `sql` in `session`.
+async fn error_of(session: &SluiceSession, sql: &str) -> String {
+    let statement = session.parse_sql(sql).unwrap().pop().unwrap();
+    let stream = session.execute_statement(statement).await.unwrap();
+    collect_stream(stream).await.unwrap_err().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_error_on_a_worker_reads_as_in_local_mode_and_its_task_runs_once() {
+    let sql = "select l_orderkey / (l_partkey - l_partkey) from lineitem";
+    let local = error_of(&session(ExecutionMode::Local, &[]).await, sql).await;
+    // The session names the table a data error came from, in every mode alike.
+    assert!(local.starts_with("reading table 'lineitem' ("), "{local}");
+    assert!(
+        local.ends_with(") caused by Arrow error: Divide by zero error"),
+        "{local}"
+    );
+
+    let (hook, seen) = counting_hook(|_| false);
+    let runner = cluster_runner(2, Some(hook));
+    assert_eq!(error_of(&cluster_session(&runner).await, sql).await, local);
+    assert!(
+        seen.lock()
+            .unwrap()
+            .keys()
+            .all(|(_, _, attempt)| *attempt == 0)
+    );
+
+    let (hook, graph_seen) = counting_hook(|_| false);
+    let graph_runner = LocalGraphRunner::with_options(LocalGraphOptions {
+        worker: WorkerOptions {
+            fault: Some(hook),
+            ..LocalGraphOptions::default().worker
+        },
+        ..LocalGraphOptions::default()
+    });
+    let graph = tpch_session(ExecutionMode::LocalGraph, &[], Arc::new(graph_runner)).await;
+    assert_eq!(error_of(&graph, sql).await, local);
+    let graph_seen = graph_seen.lock().unwrap().clone();
+    assert!(!graph_seen.is_empty());
+    assert!(
+        graph_seen
+            .iter()
+            .all(|((_, _, attempt), n)| *attempt == 0 && *n == 1),
+        "{graph_seen:?}"
+    );
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_output_stops_every_task_and_frees_every_stream() {
+    let runner = cluster_runner(2, None);
+    let cluster = cluster_session(&runner).await;
+    // 60k × 60k rows: minutes of work. The caller reads one batch and then stops reading, so tasks
+    // block on full channels all over the cluster.
+    let sql = "select a.l_orderkey, b.l_partkey from lineitem a, lineitem b";
+    let Some(SluiceStatement::Sql(statement)) = cluster.parse_sql(sql).unwrap().pop() else {
+        panic!("one statement");
+    };
+    let plan = cluster.plan_statement(statement).await.unwrap();
+    let mut stream = cluster
+        .runner()
+        .execute(plan, cluster.context().task_ctx())
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
+    assert!(
+        matches!(first, Ok(Some(Ok(_)))),
+        "no first batch: {first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let busy = runner.cluster().await.unwrap().snapshot().await.unwrap();
+    assert!(
+        busy.worker_tasks.iter().sum::<usize>() > 0 && busy.driver.running_tasks > 0,
+        "tasks should be running: {busy:?}"
+    );
+    drop(stream);
+    let snapshot = wait_idle(&runner, Duration::from_secs(2)).await;
+    assert!(
+        snapshot.is_idle(),
+        "still busy 2 s after the drop: {snapshot:?}"
+    );
+}
+
+/// The CPU-bound cross join of the cancellation requirement: minutes of nested-loop work.
+const CROSS_JOIN: &str = "select count(*) from generate_series(1, 200000) a, \
+                          generate_series(1, 200000) b where a.value + b.value = 7";
+
+/// Starts `CROSS_JOIN` in `session`, waits until its tasks run, drops it, and returns how long the
+/// system took to have no task running and no stream held (`idle` says when), or the state left.
+async fn cancel_cross_join<F, Fut>(session: &SluiceSession, idle: F) -> Duration
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (bool, String)>,
+{
+    let statement = session.parse_sql(CROSS_JOIN).unwrap().pop().unwrap();
+    let mut stream = session.execute_statement(statement).await.unwrap();
+    // Poll it for a while: the tasks start and burn CPU.
+    let polled = tokio::time::timeout(Duration::from_millis(1500), stream.next()).await;
+    assert!(polled.is_err(), "the cross join ended early: {polled:?}");
+    let (is_idle, state) = idle().await;
+    assert!(!is_idle, "nothing runs before the drop: {state}");
+    let dropped = Instant::now();
+    drop(stream);
+    loop {
+        let (is_idle, state) = idle().await;
+        if is_idle {
+            return dropped.elapsed();
+        }
+        assert!(
+            dropped.elapsed() < Duration::from_secs(1),
+            "tasks still run 1 s after the job was dropped: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_bound_job_stops_on_every_worker_within_a_second_of_its_cancellation() {
+    let runner = cluster_runner(2, None);
+    let cluster = cluster_session(&runner).await;
+    let handle = runner.clone();
+    let took = cancel_cross_join(&cluster, || {
+        let handle = handle.clone();
+        async move {
+            let snapshot = handle.cluster().await.unwrap().snapshot().await.unwrap();
+            (snapshot.is_idle(), format!("{snapshot:?}"))
+        }
+    })
+    .await;
+    eprintln!("local-cluster: idle {took:?} after the drop");
+
+    let graph_runner = LocalGraphRunner::default();
+    let graph = tpch_session(
+        ExecutionMode::LocalGraph,
+        &[],
+        Arc::new(graph_runner.clone()),
+    )
+    .await;
+    let took = cancel_cross_join(&graph, || {
+        let handle = graph_runner.clone();
+        async move {
+            let (driver, workers) = handle
+                .local_graph()
+                .await
+                .unwrap()
+                .snapshot()
+                .await
+                .unwrap();
+            let idle = driver.jobs == 0
+                && driver.running_tasks == 0
+                && workers
+                    .iter()
+                    .all(|(tasks, store)| *tasks == 0 && store.outputs == 0);
+            (idle, format!("{driver:?} {workers:?}"))
+        }
+    })
+    .await;
+    eprintln!("local-graph: idle {took:?} after the drop");
+}
+
+async fn assert_explain_analyze_shows_every_stage(session: &SluiceSession) {
+    let sql = "EXPLAIN ANALYZE SELECT o_orderpriority, count(*) FROM orders \
+               JOIN lineitem ON l_orderkey = o_orderkey GROUP BY o_orderpriority";
+    let graph = session.job_graph(sql).await.unwrap();
+    let outputs = session.run_sql(sql).await.unwrap();
+    let batches = &outputs.last().unwrap().batches;
+    let text = arrow::util::pretty::pretty_format_batches(batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("Plan with Metrics"), "{text}");
+    let earlier = graph.stages().len() - 1;
+    assert!(earlier > 0, "the query should have more than one stage");
+    for stage in 0..earlier {
+        assert!(text.contains(&format!("Stage {stage} ")), "{text}");
+    }
+    assert!(text.contains("rows written; task time median"), "{text}");
+    assert!(text.contains("ShuffleWriterExec"), "{text}");
+    assert!(text.contains("channel_rows="), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_every_stage_with_its_metrics() {
+    let runner = cluster_runner(2, None);
+    let cluster = cluster_session(&runner).await;
+    assert_explain_analyze_shows_every_stage(&cluster).await;
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+    let graph = session(ExecutionMode::LocalGraph, &[]).await;
+    assert_explain_analyze_shows_every_stage(&graph).await;
+}

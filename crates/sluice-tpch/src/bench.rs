@@ -1,0 +1,296 @@
+//! The TPC-H timing harness behind `sluice tpch run` and `sluice demo`.
+//!
+//! Each query runs `iterations` times through the session's job runner; the report keeps every timing
+//! plus min and median, the row count, and (with `verify`) whether the last result matched the official
+//! answer. A query that fails is reported and the run goes on, so one bad query does not hide the rest.
+
+use std::path::Path;
+use std::time::Instant;
+
+use arrow::array::RecordBatch;
+use serde::Serialize;
+
+use crate::answers::{ANSWER_SCALE_FACTOR, compare, format_rows, official_answer};
+use crate::datagen::{TPCH_TABLES, check_scale_factor, read_manifest};
+use crate::queries::{TpchQuery, tpch_query};
+use sluice_engine::catalog::discover_tables;
+use sluice_engine::session::{SluiceSession, collect_stream};
+use sluice_engine::{Result, SluiceError};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Query numbers, in order.
+    pub queries: Vec<u8>,
+    /// Runs per query (at least 1).
+    pub iterations: usize,
+    /// Compare each result with the official answer (scale factor 1 only).
+    pub verify: bool,
+    /// The data's scale factor.
+    pub scale_factor: f64,
+}
+
+/// The outcome of one query.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryReport {
+    /// Query number.
+    pub query: u8,
+    /// Rows in the result (0 if it failed).
+    pub rows: usize,
+    /// Wall-clock seconds of each iteration.
+    pub seconds: Vec<f64>,
+    /// Fastest iteration.
+    pub min: f64,
+    /// Median iteration.
+    pub median: f64,
+    /// `Some(true)` when verified against the official answer.
+    pub verified: Option<bool>,
+    /// `Some(true)` when compared with local mode's result and equal.
+    pub matches_local: Option<bool>,
+    /// Why it failed, if it did (an error or a verification mismatch).
+    pub error: Option<String>,
+}
+
+impl QueryReport {
+    /// Whether the query ran and (if checked) verified.
+    pub fn passed(&self) -> bool {
+        self.error.is_none() && self.verified != Some(false) && self.matches_local != Some(false)
+    }
+}
+
+/// The whole run, as written by `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Execution mode.
+    pub mode: String,
+    /// Data scale factor.
+    pub scale_factor: f64,
+    /// DataFusion's target partitions.
+    pub target_partitions: usize,
+    /// Runs per query.
+    pub iterations: usize,
+    /// Per-query results in run order.
+    pub queries: Vec<QueryReport>,
+    /// Sum of per-query minimums.
+    pub total_min: f64,
+    /// Sum of per-query medians.
+    pub total_median: f64,
+}
+
+impl BenchReport {
+    /// (passed, failed) counts.
+    pub fn counts(&self) -> (usize, usize) {
+        let passed = self.queries.iter().filter(|q| q.passed()).count();
+        (passed, self.queries.len() - passed)
+    }
+}
+
+/// Progress notifications.
+#[derive(Debug, Clone)]
+pub enum BenchEvent<'a> {
+    /// Iteration `iteration` (1-based) of `query` starts.
+    Running {
+        /// Query number.
+        query: u8,
+        /// Iteration, from 1.
+        iteration: usize,
+    },
+    /// A query finished all iterations.
+    Finished(&'a QueryReport),
+}
+
+/// Registers the TPC-H tables in `dir` and works out the scale factor (from `tpch.json` unless given).
+pub async fn open_tpch_data(
+    session: &mut SluiceSession,
+    dir: &Path,
+    scale_factor: Option<f64>,
+) -> Result<f64> {
+    for source in discover_tables(dir)? {
+        session.register_table(source).await?;
+    }
+    let missing: Vec<_> = TPCH_TABLES
+        .iter()
+        .filter(|t| !session.tables().contains_key(**t))
+        .collect();
+    if !missing.is_empty() {
+        return Err(SluiceError::invalid(format!(
+            "{}: missing TPC-H tables {missing:?} (generate them with `sluice tpch gen --out {}`)",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    let scale_factor = match (scale_factor, read_manifest(dir)?) {
+        (Some(given), _) => given,
+        (None, Some(manifest)) => manifest.scale_factor,
+        (None, None) => {
+            return Err(SluiceError::invalid(format!(
+                "{}: cannot tell the scale factor (no tpch.json); pass --scale",
+                dir.display()
+            )));
+        }
+    };
+    check_scale_factor(scale_factor)?;
+    Ok(scale_factor)
+}
+
+/// Runs every statement of `query`, returning the result statement's batches.
+pub async fn run_tpch_query(
+    session: &SluiceSession,
+    query: &TpchQuery,
+) -> Result<Vec<RecordBatch>> {
+    let mut result = Vec::new();
+    for (index, sql) in query.statements.iter().enumerate() {
+        for statement in session.parse_sql(sql)? {
+            let output = collect_stream(session.execute_statement(statement).await?).await?;
+            if index == query.result_statement {
+                result = output.batches;
+            }
+        }
+    }
+    Ok(result)
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+async fn run_one(
+    session: &SluiceSession,
+    reference: Option<&SluiceSession>,
+    number: u8,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(BenchEvent<'_>),
+) -> QueryReport {
+    let mut report = QueryReport {
+        query: number,
+        rows: 0,
+        seconds: Vec::new(),
+        min: 0.0,
+        median: 0.0,
+        verified: None,
+        matches_local: None,
+        error: None,
+    };
+    let query = match tpch_query(number, options.scale_factor) {
+        Ok(query) => query,
+        Err(error) => {
+            report.error = Some(error.to_string());
+            return report;
+        }
+    };
+    let mut last = Vec::new();
+    for iteration in 1..=options.iterations.max(1) {
+        progress(BenchEvent::Running {
+            query: number,
+            iteration,
+        });
+        let start = Instant::now();
+        match run_tpch_query(session, &query).await {
+            Ok(batches) => {
+                report.seconds.push(start.elapsed().as_secs_f64());
+                last = batches;
+            }
+            Err(error) => {
+                report.error = Some(error.to_string());
+                return report;
+            }
+        }
+    }
+    report.rows = last.iter().map(RecordBatch::num_rows).sum();
+    report.min = report.seconds.iter().copied().fold(f64::INFINITY, f64::min);
+    report.median = median(&report.seconds);
+    if options.verify {
+        let outcome = official_answer(number)
+            .and_then(|answer| Ok((answer, format_rows(&last)?)))
+            .map_err(|e| e.to_string())
+            .and_then(|(answer, rows)| compare(&answer, &rows));
+        report.verified = Some(outcome.is_ok());
+        report.error = outcome.err().map(|why| format!("wrong answer: {why}"));
+    }
+    if let Some(reference) = reference {
+        let outcome = compare_with(reference, &query, &last).await;
+        report.matches_local = Some(outcome.is_ok());
+        if let Err(why) = outcome {
+            report
+                .error
+                .get_or_insert(format!("differs from local mode: {why}"));
+        }
+    }
+    report
+}
+
+/// Runs `query` in `reference` (local mode) and compares its rows, in order, with `actual`.
+async fn compare_with(
+    reference: &SluiceSession,
+    query: &TpchQuery,
+    actual: &[RecordBatch],
+) -> std::result::Result<(), String> {
+    let expected = run_tpch_query(reference, query)
+        .await
+        .map_err(|e| format!("local mode failed: {e}"))?;
+    let expected = format_rows(&expected).map_err(|e| e.to_string())?;
+    let actual = format_rows(actual).map_err(|e| e.to_string())?;
+    if expected.len() != actual.len() {
+        return Err(format!(
+            "{} rows, local mode {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    match expected.iter().zip(&actual).position(|(e, a)| e != a) {
+        Some(row) => Err(format!(
+            "row {row}: {:?}, local mode {:?}",
+            actual[row], expected[row]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Runs the queries and returns the report; `progress` sees each iteration start and each query end.
+/// With `reference`, every result is also compared with that (local-mode) session's.
+pub async fn run_benchmark(
+    session: &SluiceSession,
+    reference: Option<&SluiceSession>,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(BenchEvent<'_>),
+) -> Result<BenchReport> {
+    if options.verify && options.scale_factor != ANSWER_SCALE_FACTOR {
+        return Err(SluiceError::invalid(format!(
+            "--verify: the official TPC-H answers exist only for scale factor 1, and this data is scale {}",
+            options.scale_factor
+        )));
+    }
+    let mut queries = Vec::new();
+    for &number in &options.queries {
+        let report = run_one(session, reference, number, options, progress).await;
+        progress(BenchEvent::Finished(&report));
+        queries.push(report);
+    }
+    Ok(BenchReport {
+        mode: session.runner().mode_name().to_string(),
+        scale_factor: options.scale_factor,
+        target_partitions: session.context().state().config().target_partitions(),
+        iterations: options.iterations.max(1),
+        total_min: queries.iter().map(|q| q.min).sum(),
+        total_median: queries.iter().map(|q| q.median).sum(),
+        queries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+}
