@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
 fn shared_slt_files() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/slt");
@@ -22,45 +23,100 @@ fn shared_slt_files() -> Vec<PathBuf> {
     files
 }
 
-fn run_slt(mode: &str) {
-    run_slt_with(mode, &[]);
+/// What `sluice slt` printed in one mode: one line per file (timings removed) and the totals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SltRun {
+    files: Vec<String>,
+    passed: usize,
+    failed: usize,
+    skipped: usize,
 }
 
-fn run_slt_with(mode: &str, flags: &[&str]) {
+fn run_slt(mode: &str, flags: &[&str]) -> SltRun {
     let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["slt", "--mode", mode])
         .args(flags)
         .args(shared_slt_files())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let summary = stdout.lines().last().unwrap_or_default();
-    println!("{mode}: {summary}");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let summary = stdout.lines().last().unwrap_or_default().to_string();
+    println!("{mode} {flags:?}: {summary}");
+    let counts: Vec<usize> = summary
+        .split(", ")
+        .map(|part| {
+            part.split(' ')
+                .next()
+                .unwrap_or("")
+                .parse()
+                .unwrap_or(usize::MAX)
+        })
+        .collect();
+    let [passed, failed, skipped] = counts[..] else {
+        panic!("no totals line from sluice slt --mode {mode}:\n{stdout}");
+    };
+    // "file.slt  3 passed, 0 failed, 1 skipped (0.12s)": the counts, without the time.
+    let files = stdout
+        .lines()
+        .filter(|line| line.contains(".slt  "))
+        .map(|line| {
+            line.rsplit_once(" (")
+                .map_or(line, |(head, _)| head)
+                .to_string()
+        })
+        .collect();
     assert!(
-        output.status.success() && summary.contains(" 0 failed"),
+        output.status.success() && failed == 0,
         "sluice slt --mode {mode} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+    SltRun {
+        files,
+        passed,
+        failed,
+        skipped,
+    }
+}
+
+/// Local mode's run, the reference (once per test binary).
+fn local_run() -> &'static SltRun {
+    static LOCAL: OnceLock<SltRun> = OnceLock::new();
+    LOCAL.get_or_init(|| run_slt("local", &[]))
+}
+
+/// Fewer passed records than this means records stopped running, whatever else passes.
+const MIN_PASSED: usize = 1224;
+
+#[test]
+fn shared_slt_files_pass_in_local_mode() {
+    let local = local_run();
+    assert!(local.passed >= MIN_PASSED, "{local:?}");
+    assert_eq!(local.files.len(), shared_slt_files().len());
+}
+
+fn assert_same_as_local(mode: &str, flags: &[&str]) {
+    let run = run_slt(mode, flags);
+    assert!(run.passed >= MIN_PASSED, "{mode}: {run:?}");
+    assert_eq!(
+        &run,
+        local_run(),
+        "{mode} {flags:?} differs from local mode"
     );
 }
 
 #[test]
-fn shared_slt_files_pass_in_local_mode() {
-    run_slt("local");
+fn shared_slt_files_pass_the_same_records_in_local_graph_mode() {
+    assert_same_as_local("local-graph", &[]);
 }
 
 #[test]
-fn shared_slt_files_pass_in_local_graph_mode() {
-    run_slt("local-graph");
+fn shared_slt_files_pass_the_same_records_on_a_local_cluster_of_2_workers() {
+    assert_same_as_local("local-cluster", &["--workers", "2"]);
 }
 
 #[test]
-fn shared_slt_files_pass_on_a_local_cluster_of_2_workers() {
-    run_slt_with("local-cluster", &["--workers", "2"]);
-}
-
-#[test]
-fn shared_slt_files_pass_on_a_local_cluster_of_4_workers() {
-    run_slt_with("local-cluster", &["--workers", "4"]);
+fn shared_slt_files_pass_the_same_records_on_a_local_cluster_of_4_workers() {
+    assert_same_as_local("local-cluster", &["--workers", "4"]);
 }
 
 /// Runs `sluice slt` on one file named `name` holding `text`; expects failure, returns stdout.

@@ -1,1 +1,615 @@
-//! Deterministic tests of the driver actor (filled below).
+//! Deterministic tests of the driver actor: fake workers record what the driver asks of them, the
+//! test plays their reports, a fake data plane serves scripted final-stage streams, and tokio's
+//! clock is paused (a heartbeat timeout happens when the test lets time pass, never by accident).
+//!
+//! ```text
+//!   test ── Driver::execute(graph) ──► actor ── RunTask / StopTask / ReleaseOutput / CleanUpJob ──► FakeWorker (log)
+//!     │                                  ▲                                                          │
+//!     └── Driver::report(TaskStatusReport) ┘        job output ◄── FakeFetcher (scripted streams) ◄─┘
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::DataFusionError;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, stream};
+use sluice_planner::{
+    AttemptKey, InputMode, JobGraph, JobId, OutputDistribution, OutputMode, Stage, StageId,
+    StageInput, StageInputExec, StreamId, TaskPlacement, WorkerId,
+};
+
+use super::*;
+use crate::analyze::TaskMetrics;
+use crate::definition::{TaskDefinition, TaskState};
+use crate::error::{ErrorKind, RemoteError};
+use crate::transport::{RunTaskError, StreamFetcher, WorkerClient};
+
+/// What a fake worker was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Run(AttemptKey),
+    Stop(AttemptKey),
+    Release(AttemptKey),
+    CleanUp(JobId),
+}
+
+/// How a fake worker answers `RunTask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Accept,
+    Refuse,
+    /// No answer comes back (after `Duration`): the request may or may not have arrived.
+    LoseReply(Duration),
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    calls: Vec<Call>,
+    answers: HashMap<(usize, usize, usize), Answer>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct FakeWorker(Arc<Mutex<FakeState>>);
+
+impl FakeWorker {
+    fn calls(&self) -> Vec<Call> {
+        self.0.lock().unwrap().calls.clone()
+    }
+
+    fn runs(&self) -> Vec<AttemptKey> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Run(key) => Some(key),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn answer(&self, stage: usize, partition: usize, attempt: usize, answer: Answer) {
+        self.0
+            .lock()
+            .unwrap()
+            .answers
+            .insert((stage, partition, attempt), answer);
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap().calls.clear();
+    }
+
+    fn log(&self, call: Call) {
+        self.0.lock().unwrap().calls.push(call);
+    }
+}
+
+impl WorkerClient for FakeWorker {
+    fn run_task(&self, definition: TaskDefinition) -> BoxFuture<'static, Result<(), RunTaskError>> {
+        let key = definition.attempt;
+        self.log(Call::Run(key));
+        let answer = self
+            .0
+            .lock()
+            .unwrap()
+            .answers
+            .get(&(key.stage.0, key.partition, key.attempt))
+            .copied()
+            .unwrap_or(Answer::Accept);
+        async move {
+            match answer {
+                Answer::Accept => Ok(()),
+                Answer::Refuse => Err(RunTaskError {
+                    refused: true,
+                    error: RemoteError::new(ErrorKind::ResourcesExhausted, "no room"),
+                }),
+                Answer::LoseReply(after) => {
+                    tokio::time::sleep(after).await;
+                    Err(crate::transport::unreachable("deadline exceeded"))
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn stop_task(&self, attempt: AttemptKey) -> BoxFuture<'static, datafusion::common::Result<()>> {
+        self.log(Call::Stop(attempt));
+        async { Ok(()) }.boxed()
+    }
+
+    fn release_output(
+        &self,
+        attempt: AttemptKey,
+    ) -> BoxFuture<'static, datafusion::common::Result<()>> {
+        self.log(Call::Release(attempt));
+        async { Ok(()) }.boxed()
+    }
+
+    fn clean_up_job(&self, job: JobId) -> BoxFuture<'static, datafusion::common::Result<()>> {
+        self.log(Call::CleanUp(job));
+        async { Ok(()) }.boxed()
+    }
+}
+
+/// One item of a scripted stream.
+#[derive(Debug, Clone)]
+enum Item {
+    Rows(Vec<i64>),
+    Error(&'static str),
+}
+
+/// Serves the final stage's streams from scripts, by (partition, attempt); unscripted streams end
+/// at once.
+#[derive(Debug, Clone, Default)]
+struct FakeFetcher(Arc<Mutex<HashMap<(usize, usize), Vec<Item>>>>);
+
+impl FakeFetcher {
+    fn script(&self, partition: usize, attempt: usize, items: Vec<Item>) {
+        self.0.lock().unwrap().insert((partition, attempt), items);
+    }
+}
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]))
+}
+
+fn batch(values: &[i64]) -> RecordBatch {
+    RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(values.to_vec()))]).unwrap()
+}
+
+impl StreamFetcher for FakeFetcher {
+    fn fetch(&self, _address: &str, id: StreamId, schema: SchemaRef) -> SendableRecordBatchStream {
+        let items = self
+            .0
+            .lock()
+            .unwrap()
+            .get(&(id.stream.partition, id.stream.attempt))
+            .cloned()
+            .unwrap_or_default();
+        let batches = stream::iter(items).map(|item| match item {
+            Item::Rows(values) => Ok(batch(&values)),
+            Item::Error(message) => Err(crate::error::transport_error(message)),
+        });
+        Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+    }
+}
+
+/// Stage 0 (2 partitions, 2 round-robin channels) → stage 1 (2 partitions reading it by Shuffle,
+/// final), with stage 0's output `mode`: one region of 4 tasks when pipelined.
+fn graph(mode: OutputMode) -> JobGraph {
+    let source: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(schema()).with_partitions(2));
+    let read = PlanProperties::new(
+        EquivalenceProperties::new(schema()),
+        Partitioning::UnknownPartitioning(2),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    );
+    let consumer: Arc<dyn ExecutionPlan> = Arc::new(StageInputExec::new(0usize, Arc::new(read)));
+    let stages = vec![
+        Stage {
+            inputs: vec![],
+            plan: source,
+            mode,
+            distribution: OutputDistribution::RoundRobin { channels: 2 },
+            placement: TaskPlacement::Worker,
+        },
+        Stage {
+            inputs: vec![StageInput {
+                stage: StageId(0),
+                mode: InputMode::Shuffle,
+            }],
+            plan: consumer,
+            mode: OutputMode::Pipelined,
+            distribution: OutputDistribution::RoundRobin { channels: 1 },
+            placement: TaskPlacement::Worker,
+        },
+    ];
+    JobGraph::from_stages(stages, schema()).unwrap()
+}
+
+fn key(job: u64, stage: usize, partition: usize, attempt: usize) -> AttemptKey {
+    AttemptKey {
+        job: JobId(job),
+        stage: StageId(stage),
+        partition,
+        attempt,
+    }
+}
+
+/// Every task of `graph(Pipelined)` at `attempt`.
+fn region(job: u64, attempt: usize) -> Vec<AttemptKey> {
+    vec![
+        key(job, 0, 0, attempt),
+        key(job, 0, 1, attempt),
+        key(job, 1, 0, attempt),
+        key(job, 1, 1, attempt),
+    ]
+}
+
+struct Harness {
+    driver: Driver,
+    fetcher: FakeFetcher,
+    executor: FakeWorker,
+}
+
+impl Harness {
+    fn new(options: DriverOptions) -> Self {
+        let fetcher = FakeFetcher::default();
+        let executor = FakeWorker::default();
+        let driver = Driver::start(
+            options,
+            ExecutorEndpoint {
+                address: "fake:driver".into(),
+                client: Arc::new(executor.clone()),
+            },
+            Arc::new(fetcher.clone()),
+        );
+        Self {
+            driver,
+            fetcher,
+            executor,
+        }
+    }
+
+    async fn worker(&self, slots: usize, liveness: Liveness) -> (WorkerId, FakeWorker) {
+        let worker = FakeWorker::default();
+        let id = self
+            .driver
+            .register_worker(WorkerRegistration {
+                address: "fake:worker".into(),
+                slots,
+                client: Arc::new(worker.clone()),
+                liveness,
+            })
+            .await
+            .unwrap();
+        (id, worker)
+    }
+
+    /// Starts `graph` and collects its output in the background.
+    fn run(&self, graph: JobGraph) -> tokio::task::JoinHandle<Result<Vec<i64>, DataFusionError>> {
+        let mut output = self.driver.execute(graph, Arc::new(TaskContext::default()));
+        tokio::spawn(async move {
+            let mut values = Vec::new();
+            while let Some(batch) = output.next().await {
+                let batch = batch?;
+                let column = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
+                values.extend(column.values().iter().copied());
+            }
+            // Final-stage streams interleave as they arrive.
+            values.sort_unstable();
+            Ok(values)
+        })
+    }
+
+    fn report(&self, worker: WorkerId, attempt: AttemptKey, sequence: u64, state: TaskState) {
+        self.driver.handle()
+            .report(TaskStatusReport {
+                worker,
+                attempt,
+                sequence,
+                state,
+            })
+            .unwrap();
+    }
+
+    fn succeed(&self, worker: WorkerId, attempt: AttemptKey, rows: u64) {
+        self.report(worker, attempt, 1, TaskState::Running);
+        self.report(
+            worker,
+            attempt,
+            2,
+            TaskState::Succeeded(TaskMetrics {
+                rows,
+                elapsed_ms: 1,
+                plan: String::new(),
+            }),
+        );
+    }
+
+    async fn snapshot(&self) -> DriverSnapshot {
+        settle().await;
+        self.driver.snapshot().await.unwrap()
+    }
+}
+
+/// Lets the actor, its RPC futures and the output forwarder run until they wait for something.
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn transport(message: &str) -> TaskState {
+    TaskState::Failed(RemoteError::new(ErrorKind::Transport, message))
+}
+
+fn in_process() -> DriverOptions {
+    DriverOptions::default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_region_retried_after_a_failure_in_its_middle_returns_only_the_new_attempts_rows() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    // Attempt 0's final tasks hand over an empty batch and then a broken read: neither is output,
+    // so neither may stop the region from being retried.
+    h.fetcher.script(
+        0,
+        0,
+        vec![Item::Rows(vec![]), Item::Error("connection reset")],
+    );
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![1, 2])]);
+    h.fetcher.script(1, 1, vec![Item::Rows(vec![3])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    assert_eq!(worker.runs(), region(1, 0));
+    assert_eq!(h.snapshot().await.busy_slots, [4]);
+
+    h.succeed(w, key(1, 0, 0, 0), 10);
+    h.report(w, key(1, 1, 0, 0), 1, TaskState::Running);
+    settle().await;
+    worker.clear();
+    h.report(w, key(1, 0, 1, 0), 1, TaskState::Running);
+    h.report(w, key(1, 0, 1, 0), 2, transport("disk gone"));
+    settle().await;
+    let calls = worker.calls();
+    // The rest of the region stops, every output of attempt 0 goes, attempt 1 starts whole.
+    for stopped in [key(1, 1, 0, 0), key(1, 1, 1, 0)] {
+        assert!(calls.contains(&Call::Stop(stopped)), "{calls:?}");
+    }
+    for released in region(1, 0) {
+        assert!(calls.contains(&Call::Release(released)), "{calls:?}");
+    }
+    assert_eq!(worker.runs(), region(1, 1));
+    // The failed attempt freed its slot, the stopped ones hold theirs until they report.
+    assert_eq!(h.snapshot().await.busy_slots, [6]);
+
+    // Stale reports of attempt 0 free their slots and change nothing else: their rows are not
+    // counted, and the job does not move on.
+    h.report(w, key(1, 1, 0, 0), 2, TaskState::Canceled);
+    h.report(
+        w,
+        key(1, 1, 1, 0),
+        2,
+        TaskState::Succeeded(TaskMetrics {
+            rows: 999,
+            elapsed_ms: 1,
+            plan: String::new(),
+        }),
+    );
+    assert_eq!(h.snapshot().await.busy_slots, [4]);
+    let progress = h.driver.progress().await.unwrap();
+    assert_eq!(progress[0].stages[1].done, 0, "{progress:?}");
+    assert_eq!(progress[0].stages[1].rows, 0, "{progress:?}");
+    assert_eq!(progress[0].retries, 1);
+
+    for attempt in region(1, 1) {
+        h.succeed(w, attempt, 1);
+    }
+    // A duplicate of a final report frees nothing twice.
+    h.succeed(w, key(1, 1, 1, 1), 1);
+    assert_eq!(output.await.unwrap().unwrap(), [1, 2, 3]);
+    let snapshot = h.snapshot().await;
+    assert_eq!(snapshot.busy_slots, [0]);
+    assert_eq!(
+        (
+            snapshot.jobs,
+            snapshot.scheduler_jobs,
+            snapshot.running_tasks
+        ),
+        (0, 0, 0)
+    );
+    assert!(worker.calls().contains(&Call::CleanUp(JobId(1))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_task_refusals_retry_and_lost_replies_of_running_tasks_change_nothing() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    // Attempt 0 of (0, 0) is refused; in attempt 1, (0, 1)'s reply is lost but the task runs.
+    worker.answer(0, 0, 0, Answer::Refuse);
+    worker.answer(0, 1, 1, Answer::LoseReply(Duration::from_secs(5)));
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let runs = worker.runs();
+    assert_eq!(runs[..4], region(1, 0)[..], "{runs:?}");
+    assert_eq!(runs[4..], region(1, 1)[..], "{runs:?}");
+    // A refused task holds no slot; the others of attempt 0 hold theirs until they report.
+    assert_eq!(h.snapshot().await.busy_slots, [7]);
+    for stale in &region(1, 0)[1..] {
+        h.report(w, *stale, 2, TaskState::Canceled);
+    }
+    assert_eq!(h.snapshot().await.busy_slots, [4]);
+
+    h.report(w, key(1, 0, 1, 1), 1, TaskState::Running);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    settle().await;
+    // The lost reply arrived as a failure, but the task had reported: no retry, no stop.
+    assert_eq!(worker.runs().len(), 8);
+    assert!(!worker.calls().contains(&Call::Stop(key(1, 0, 1, 1))));
+    assert_eq!(h.snapshot().await.busy_slots, [4]);
+    for attempt in region(1, 1) {
+        h.succeed(w, attempt, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), Vec::<i64>::new());
+    assert_eq!(h.snapshot().await.busy_slots, [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_of_a_task_that_never_reported_stops_it_and_retries_its_region() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    worker.answer(1, 0, 0, Answer::LoseReply(Duration::from_secs(1)));
+    let output = h.run(graph(OutputMode::Pipelined));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert!(worker.calls().contains(&Call::Stop(key(1, 1, 0, 0))));
+    assert_eq!(worker.runs()[4..], region(1, 1)[..]);
+    // Its slot was freed with the failure; a late report of it frees nothing twice.
+    h.report(w, key(1, 1, 0, 0), 2, TaskState::Canceled);
+    for stale in [key(1, 0, 0, 0), key(1, 0, 1, 0), key(1, 1, 1, 0)] {
+        h.report(w, stale, 2, TaskState::Canceled);
+    }
+    assert_eq!(h.snapshot().await.busy_slots, [4]);
+    for attempt in region(1, 1) {
+        h.succeed(w, attempt, 1);
+    }
+    assert!(output.await.unwrap().is_ok());
+    assert_eq!(h.snapshot().await.busy_slots, [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_user_error_fails_the_job_at_once_with_its_own_text() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let divide = RemoteError::of(&DataFusionError::ArrowError(
+        Box::new(datafusion::arrow::error::ArrowError::DivideByZero),
+        None,
+    ));
+    h.report(w, key(1, 1, 1, 0), 2, TaskState::Failed(divide));
+    let error = output.await.unwrap().unwrap_err();
+    assert_eq!(error.to_string(), "Arrow error: Divide by zero error");
+    assert_eq!(worker.runs(), region(1, 0), "no retry");
+    let calls = worker.calls();
+    for other in [key(1, 0, 0, 0), key(1, 0, 1, 0), key(1, 1, 0, 0)] {
+        assert!(calls.contains(&Call::Stop(other)), "{calls:?}");
+    }
+    assert!(calls.contains(&Call::CleanUp(JobId(1))), "{calls:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_region_that_delivered_rows_fails_the_job_instead_of_retrying() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    h.fetcher.script(0, 0, vec![Item::Rows(vec![7])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    h.report(w, key(1, 1, 0, 0), 1, TaskState::Running);
+    settle().await;
+    h.report(w, key(1, 0, 1, 0), 2, transport("disk gone"));
+    let error = output.await.unwrap().unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "job 1: stage 0 partition 1 failed on worker 1 (fake:worker); not retried because part \
+         of its output already reached the caller (a retry could duplicate rows)\ncaused by\n\
+         External error: disk gone"
+    );
+    assert_eq!(worker.runs(), region(1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_job_while_its_region_waits_for_slots_starts_nothing() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(4, Liveness::InProcess).await;
+    let first = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let second = h.run(graph(OutputMode::Pipelined));
+    let snapshot = h.snapshot().await;
+    assert_eq!(
+        (snapshot.waiting_regions, snapshot.busy_slots.clone()),
+        (1, vec![4])
+    );
+    // The caller of job 2 goes away while it waits.
+    second.abort();
+    let _ = second.await;
+    assert_eq!(h.snapshot().await.waiting_regions, 0);
+    for attempt in region(1, 0) {
+        h.succeed(w, attempt, 1);
+    }
+    assert!(first.await.unwrap().is_ok());
+    settle().await;
+    assert!(
+        worker.runs().iter().all(|k| k.job == JobId(1)),
+        "{:?}",
+        worker.runs()
+    );
+    let snapshot = h.snapshot().await;
+    assert_eq!((snapshot.jobs, snapshot.busy_slots.clone()), (0, vec![0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_stops_sending_heartbeats_is_lost_and_its_region_runs_elsewhere() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker(2, Liveness::Heartbeats).await;
+    let (w2, two) = h.worker(2, Liveness::Heartbeats).await;
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    assert_eq!(one.runs().len() + two.runs().len(), 4);
+    // Worker 1 keeps beating; worker 2 falls silent.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.driver.handle().heartbeat(w1).unwrap();
+    }
+    let snapshot = h.snapshot().await;
+    assert_eq!(
+        (snapshot.workers, snapshot.lost_workers),
+        (1, 1),
+        "{snapshot:?}"
+    );
+    // The region runs again, on worker 1 only: 4 tasks wait for its 2 slots... and cannot fit.
+    let error = output.await.unwrap().unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "External error: job 1: a task region needs 4 task slots at once but the cluster has 2 \
+         (1 workers); add workers or task slots, or lower datafusion.execution.target_partitions"
+    );
+    let _ = (w2, h.executor.calls());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_workers_tasks_are_retried_on_the_others() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker(4, Liveness::Heartbeats).await;
+    let (_w2, two) = h.worker(4, Liveness::Heartbeats).await;
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    assert!(!two.runs().is_empty(), "placement spreads the region");
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.driver.handle().heartbeat(w1).unwrap();
+    }
+    settle().await;
+    // The region's attempt 0 stops on worker 1; once those attempts report, attempt 1 fits there.
+    let stopped: Vec<AttemptKey> = one
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Stop(key) => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped.len(), 2, "{:?}", one.calls());
+    for key in stopped {
+        h.report(w1, key, 2, TaskState::Canceled);
+    }
+    settle().await;
+    assert_eq!(one.runs()[one.runs().len() - 4..], region(1, 1)[..]);
+    for attempt in region(1, 1) {
+        h.succeed(w1, attempt, 1);
+    }
+    assert!(output.await.unwrap().is_ok());
+    let snapshot = h.snapshot().await;
+    assert_eq!((snapshot.lost_workers, snapshot.busy_slots), (1, vec![0]));
+}

@@ -1,0 +1,190 @@
+//! Golden files for user-visible text: each `tests/golden/NAME.sql` runs through `sluice sql -f` (and
+//! `sluice config` runs as the case `config`) in every mode, and what it prints — stdout, then
+//! stderr — must equal `tests/golden/NAME.out` (the same in every mode) or, where a mode rightly
+//! differs, `tests/golden/NAME.MODE.out`. Timings, durations and the data directory are redacted,
+//! and `EXPLAIN ANALYZE` metric values too (they vary run to run); everything else is compared
+//! byte for byte, so a change of wording is a reviewed diff.
+//!
+//! `SLUICE_BLESS=1 cargo test -p sluice-cli --test golden` rewrites the files from the current
+//! output (per-mode files only where the modes differ).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const MODES: &[&str] = &["local", "local-graph", "local-cluster"];
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+/// TPC-H SF 0.01, generated once per test binary into Cargo's tmp dir.
+fn tpch_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.01-golden");
+        let output = sluice()
+            .args(["tpch", "gen", "--scale", "0.01", "--out"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        dir
+    })
+}
+
+fn sluice() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.env_remove("RUST_BACKTRACE");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("SLUICE_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Replaces every match of a simple pattern: `digits` runs (with an optional fraction and unit
+/// suffix) after `prefix`.
+fn redact_numbers_after(text: &str, prefix: &str, replacement: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let (head, tail) = rest.split_at(at + prefix.len());
+        out.push_str(head);
+        let number_len = tail
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(tail.len());
+        if number_len == 0 {
+            rest = tail;
+            continue;
+        }
+        let unit_len = tail[number_len..]
+            .find(|c: char| !(c.is_ascii_alphabetic() || c == 'µ'))
+            .unwrap_or(tail.len() - number_len);
+        out.push_str(replacement);
+        rest = &tail[number_len + unit_len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What may differ between two runs of the same case.
+fn redact(text: &str, case: &str) -> String {
+    let data = tpch_dir().display().to_string();
+    let mut text = text.replace(&data, "[DATA]");
+    text = text.replace(data.trim_start_matches('/'), "[DATA]");
+    // "4 rows in 0.012s"
+    text = redact_numbers_after(&text, " in ", "<time>");
+    if case.starts_with("explain_analyze") {
+        text = redact_numbers_after(&text, "=", "<n>");
+        text = redact_numbers_after(&text, "median ", "<n>");
+        text = redact_numbers_after(&text, "max ", "<n>");
+        text = redact_numbers_after(&text, "(partition ", "<n>");
+    }
+    text
+}
+
+/// The output of `case` in `mode`: stdout, then stderr.
+fn run_case(case: &str, mode: &str) -> String {
+    let mut command = sluice();
+    command.args(["--mode", mode]);
+    if case == "config" {
+        command.arg("config");
+    } else {
+        let file = golden_dir().join(format!("{case}.sql"));
+        command.args(["sql", "--format", "csv", "--data"]);
+        command.arg(tpch_dir()).arg("-f").arg(file);
+    }
+    let output = command.output().unwrap();
+    let text = format!(
+        "{}--- stderr (exit {})\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    redact(&text, case)
+}
+
+fn cases() -> Vec<String> {
+    let mut cases: Vec<String> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            (path.extension()? == "sql").then(|| path.file_stem()?.to_str().map(String::from))?
+        })
+        .collect();
+    cases.push("config".to_string());
+    cases.sort();
+    cases
+}
+
+#[test]
+fn user_visible_text_matches_the_golden_files_in_every_mode() {
+    let bless = std::env::var_os("SLUICE_BLESS").is_some();
+    let mut failures = Vec::new();
+    for case in cases() {
+        let outputs: Vec<(&str, String)> = MODES.iter().map(|m| (*m, run_case(&case, m))).collect();
+        let shared = golden_dir().join(format!("{case}.out"));
+        if bless {
+            for mode in MODES {
+                let _ = std::fs::remove_file(golden_dir().join(format!("{case}.{mode}.out")));
+            }
+            let _ = std::fs::remove_file(&shared);
+            if outputs.iter().all(|(_, o)| *o == outputs[0].1) {
+                std::fs::write(&shared, &outputs[0].1).unwrap();
+            } else {
+                for (mode, output) in &outputs {
+                    std::fs::write(golden_dir().join(format!("{case}.{mode}.out")), output)
+                        .unwrap();
+                }
+            }
+            continue;
+        }
+        for (mode, output) in &outputs {
+            let per_mode = golden_dir().join(format!("{case}.{mode}.out"));
+            let path = if per_mode.exists() {
+                per_mode
+            } else {
+                shared.clone()
+            };
+            let expected = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e} (bless with SLUICE_BLESS=1)", path.display()));
+            if *output != expected {
+                failures.push(format!(
+                    "{case} in {mode} differs from {}:\n--- expected\n{expected}\n--- actual\n{output}",
+                    path.display()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_user_error_reads_the_same_in_every_mode() {
+    let outputs: Vec<String> = MODES
+        .iter()
+        .map(|mode| run_case("error_divide_by_zero", mode))
+        .collect();
+    assert_eq!(
+        outputs[0],
+        "--- stderr (exit 1)\nerror: reading table 'nation' ([DATA]/nation) caused by Arrow error: \
+         Divide by zero error\n"
+    );
+    assert!(outputs.iter().all(|o| *o == outputs[0]), "{outputs:#?}");
+}
+
+#[test]
+fn redaction_keeps_everything_but_numbers_after_the_markers() {
+    assert_eq!(
+        redact_numbers_after("4 rows in 0.012s, done in x", " in ", "<t>"),
+        "4 rows in <t>, done in x"
+    );
+    assert_eq!(
+        redact_numbers_after("elapsed=1.5ms, rows=12 a=b", "=", "<n>"),
+        "elapsed=<n>, rows=<n> a=b"
+    );
+}

@@ -1,0 +1,1 @@
+select n_name, n_regionkey / (n_nationkey - n_nationkey) from nation;

@@ -1,0 +1,1 @@
+select no_such_column from nation;
