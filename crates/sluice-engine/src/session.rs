@@ -230,7 +230,8 @@ impl SluiceSession {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, annotated)))
     }
 
-    /// Plans one query and cuts it into a job graph (with its task regions).
+    /// Plans one query as a distributed run would (see [`Self::explain_distributed`]) and cuts it
+    /// into a job graph (with its task regions).
     pub async fn job_graph(&self, sql: &str) -> Result<JobGraph> {
         let mut statements = self.parse_sql(sql)?;
         let statement = match (statements.pop(), statements.is_empty()) {
@@ -243,18 +244,29 @@ impl SluiceSession {
                 ));
             }
         };
-        let plan = self.plan_statement(statement).await?;
+        self.distributed_graph(statement).await
+    }
+
+    /// `statement` planned with the settings a distributed run forces and cut into its job graph.
+    async fn distributed_graph(&self, statement: Statement) -> Result<JobGraph> {
+        let mut state = self.ctx.state();
+        for (key, value) in sluice_planner::DISTRIBUTED_SETTINGS {
+            state.config_mut().options_mut().set(key, value)?;
+        }
+        let logical = state.statement_to_plan(statement).await?;
+        let plan = state.create_physical_plan(&logical).await?;
         Ok(JobGraph::try_new(plan)?)
     }
 
-    /// The job graph of `statement` as text or JSON.
+    /// The job graph of `statement` as text or JSON. The statement is planned with the settings a
+    /// distributed run forces (`DISTRIBUTED_SETTINGS`), in every mode, since that is the plan the
+    /// job graph is cut from; nothing is executed and the session is not changed.
     pub async fn explain_distributed(
         &self,
         statement: Statement,
         format: ExplainFormat,
     ) -> Result<String> {
-        let plan = self.plan_statement(statement).await?;
-        let graph = JobGraph::try_new(plan)?;
+        let graph = self.distributed_graph(statement).await?;
         Ok(match format {
             ExplainFormat::Text => explain_text(&graph),
             ExplainFormat::Json => {

@@ -282,21 +282,17 @@ impl DistributedExec for DataSinkExec {
 }
 
 impl DistributedExec for PartitionedTopKExec {
+    /// Per partition: its input is hash-partitioned on the window's partition keys, so every key's
+    /// top rows are decided in one task.
     fn distribution(&self) -> NodeDistribution {
-        unsupported(
-            "PartitionedTopKExec",
-            "it has no wire form to ship to workers",
-            "datafusion.optimizer.enable_window_topn = false",
-        )
+        in_stage(self)
     }
 }
 
 impl DistributedExec for PiecewiseMergeJoinExec {
+    /// The buffered side is collected once per instance, like a collect-left build side; the
+    /// rewrites give joins that emit unmatched buffered rows a single streamed partition.
     fn distribution(&self) -> NodeDistribution {
-        unsupported(
-            "PiecewiseMergeJoinExec",
-            "it has no wire form to ship to workers",
-            "datafusion.optimizer.enable_piecewise_merge_join = false",
-        )
+        NodeDistribution::InStage(vec![ChildUsage::Shared, ChildUsage::Once])
     }
 }

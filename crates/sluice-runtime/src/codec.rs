@@ -1,10 +1,15 @@
 //! Stage plans on the wire: datafusion-proto for DataFusion's nodes plus a `PhysicalExtensionCodec`
-//! for Sluice's own (`StageInputExec<usize>`, `RescaleExec`).
+//! for Sluice's own (`StageInputExec<usize>`, `RescaleExec`) and for the DataFusion nodes that
+//! datafusion-proto 55 has no form for (`PartitionedTopKExec`, `PiecewiseMergeJoinExec`), so every
+//! plan local mode runs can run on workers.
 //!
 //! ```text
 //!   stage plan ──encode_stage_plan (once per stage)──► bytes ──decode_stage_plan (per task)──► plan
 //!   StageInputExec<usize>  ⇄  SluiceNode::StageInput { input, schema, partitioning, ordering, replay }
-//!   RescaleExec            ⇄  SluiceNode::Rescale { partitions }   (its input: a child plan)
+//!   RescaleExec            ⇄  SluiceNode::Rescale { partitions }              (child: its input)
+//!   PartitionedTopKExec    ⇄  SluiceNode::PartitionedTopK { ordering, prefix, fetch, kind }
+//!   PiecewiseMergeJoinExec ⇄  SluiceNode::PiecewiseMergeJoin { on, operator, join type,
+//!                                                               partitions } (children: both sides)
 //! ```
 //!
 //! Functions are resolved by name in the decoding side's registry (the task context), never from a
@@ -14,19 +19,24 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Schema;
-use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::common::{DataFusionError, JoinType, Result, internal_err};
 use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::LexOrdering;
+use datafusion::physical_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::joins::PiecewiseMergeJoinExec;
+use datafusion::physical_plan::sorts::partitioned_topk::{PartitionedTopKExec, WindowFnKind};
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
 };
 use datafusion_proto::physical_plan::from_proto::{
-    parse_physical_sort_exprs, parse_protobuf_partitioning,
+    parse_physical_expr_with_converter, parse_physical_sort_exprs, parse_protobuf_partitioning,
 };
 use datafusion_proto::physical_plan::to_proto::{
-    serialize_partitioning, serialize_physical_sort_exprs,
+    serialize_partitioning, serialize_physical_expr_with_converter, serialize_physical_sort_exprs,
 };
 use datafusion_proto::physical_plan::{
     PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
@@ -55,18 +65,74 @@ struct RescaleNode {
     partitions: u64,
 }
 
+#[derive(Clone, PartialEq, prost::Message)]
+struct PartitionedTopKNode {
+    #[prost(message, repeated, tag = "1")]
+    ordering: Vec<protobuf::PhysicalSortExprNode>,
+    #[prost(uint64, tag = "2")]
+    partition_prefix_len: u64,
+    #[prost(uint64, tag = "3")]
+    fetch: u64,
+    /// 0: `ROW_NUMBER`, 1: `RANK`.
+    #[prost(uint32, tag = "4")]
+    kind: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PiecewiseMergeJoinNode {
+    /// Over the buffered (left) side's schema.
+    #[prost(message, optional, tag = "1")]
+    on_buffered: Option<protobuf::PhysicalExprNode>,
+    /// Over the streamed (right) side's schema.
+    #[prost(message, optional, tag = "2")]
+    on_streamed: Option<protobuf::PhysicalExprNode>,
+    /// 0: `<`, 1: `<=`, 2: `>`, 3: `>=`.
+    #[prost(uint32, tag = "3")]
+    operator: u32,
+    /// A datafusion-proto `JoinType`.
+    #[prost(int32, tag = "4")]
+    join_type: i32,
+    /// The partitions one instance of the join runs (its streamed side's count).
+    #[prost(uint64, tag = "5")]
+    partitions: u64,
+}
+
 #[derive(Clone, PartialEq, prost::Oneof)]
 enum Kind {
     #[prost(message, tag = "1")]
     StageInput(StageInputNode),
     #[prost(message, tag = "2")]
     Rescale(RescaleNode),
+    #[prost(message, tag = "3")]
+    PartitionedTopK(PartitionedTopKNode),
+    #[prost(message, tag = "4")]
+    PiecewiseMergeJoin(PiecewiseMergeJoinNode),
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct SluiceNode {
-    #[prost(oneof = "Kind", tags = "1, 2")]
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4")]
     kind: Option<Kind>,
+}
+
+fn operator_to_wire(operator: Operator) -> Result<u32> {
+    Ok(match operator {
+        Operator::Lt => 0,
+        Operator::LtEq => 1,
+        Operator::Gt => 2,
+        Operator::GtEq => 3,
+        other => return internal_err!("PiecewiseMergeJoinExec with operator {other}"),
+    })
+}
+
+fn operator_from_wire(value: u32) -> Result<Operator> {
+    Ok(match value {
+        0 => Operator::Lt,
+        1 => Operator::LtEq,
+        2 => Operator::Gt,
+        3 => Operator::GtEq,
+        other => return internal_err!("unknown PiecewiseMergeJoinExec operator {other}"),
+    })
 }
 
 /// The extension codec for Sluice's plan nodes.
@@ -132,6 +198,66 @@ impl PhysicalExtensionCodec for SluiceCodec {
                 )?)),
                 _ => internal_err!("RescaleExec takes one input, got {}", inputs.len()),
             },
+            Some(Kind::PartitionedTopK(topk)) => {
+                let [input] = inputs else {
+                    return internal_err!(
+                        "PartitionedTopKExec takes one input, got {}",
+                        inputs.len()
+                    );
+                };
+                let decode_ctx = PhysicalPlanDecodeContext::new(ctx, self);
+                let ordering = parse_physical_sort_exprs(
+                    &topk.ordering,
+                    &decode_ctx,
+                    &input.schema(),
+                    proto_converter,
+                )?;
+                let ordering = LexOrdering::new(ordering).ok_or_else(|| {
+                    DataFusionError::Internal("PartitionedTopKExec without an ordering".into())
+                })?;
+                let kind = match topk.kind {
+                    0 => WindowFnKind::RowNumber,
+                    1 => WindowFnKind::Rank,
+                    other => return internal_err!("unknown PartitionedTopKExec kind {other}"),
+                };
+                Ok(Arc::new(PartitionedTopKExec::try_new(
+                    Arc::clone(input),
+                    ordering,
+                    to_usize(topk.partition_prefix_len, "partition prefix")?,
+                    to_usize(topk.fetch, "fetch")?,
+                    kind,
+                )?))
+            }
+            Some(Kind::PiecewiseMergeJoin(join)) => {
+                let [buffered, streamed] = inputs else {
+                    return internal_err!(
+                        "PiecewiseMergeJoinExec takes two inputs, got {}",
+                        inputs.len()
+                    );
+                };
+                let decode_ctx = PhysicalPlanDecodeContext::new(ctx, self);
+                let expr = |node: &Option<protobuf::PhysicalExprNode>, schema: &Schema| {
+                    let node = node.as_ref().ok_or_else(|| {
+                        DataFusionError::Internal("PiecewiseMergeJoinExec without its keys".into())
+                    })?;
+                    parse_physical_expr_with_converter(node, schema, &decode_ctx, proto_converter)
+                };
+                let on = (
+                    expr(&join.on_buffered, &buffered.schema())?,
+                    expr(&join.on_streamed, &streamed.schema())?,
+                );
+                let join_type = protobuf::JoinType::try_from(join.join_type).map_err(|_| {
+                    DataFusionError::Internal(format!("unknown join type {}", join.join_type))
+                })?;
+                Ok(Arc::new(PiecewiseMergeJoinExec::try_new(
+                    Arc::clone(buffered),
+                    Arc::clone(streamed),
+                    on,
+                    operator_from_wire(join.operator)?,
+                    JoinType::from(join_type),
+                    to_usize(join.partitions, "partition count")?,
+                )?))
+            }
             None => internal_err!("empty Sluice plan node"),
         }
     }
@@ -165,6 +291,29 @@ impl PhysicalExtensionCodec for SluiceCodec {
         } else if let Some(rescale) = node.downcast_ref::<RescaleExec>() {
             Kind::Rescale(RescaleNode {
                 partitions: rescale.properties().partitioning.partition_count() as u64,
+            })
+        } else if let Some(topk) = node.downcast_ref::<PartitionedTopKExec>() {
+            Kind::PartitionedTopK(PartitionedTopKNode {
+                ordering: serialize_physical_sort_exprs(
+                    topk.expr().iter().cloned(),
+                    self,
+                    proto_converter,
+                )?,
+                partition_prefix_len: topk.partition_prefix_len() as u64,
+                fetch: topk.fetch() as u64,
+                kind: match topk.fn_kind() {
+                    WindowFnKind::RowNumber => 0,
+                    WindowFnKind::Rank => 1,
+                },
+            })
+        } else if let Some(join) = node.downcast_ref::<PiecewiseMergeJoinExec>() {
+            let expr = |e| serialize_physical_expr_with_converter(e, self, proto_converter);
+            Kind::PiecewiseMergeJoin(PiecewiseMergeJoinNode {
+                on_buffered: Some(expr(&join.on.0)?),
+                on_streamed: Some(expr(&join.on.1)?),
+                operator: operator_to_wire(join.operator)?,
+                join_type: protobuf::JoinType::from(join.join_type()) as i32,
+                partitions: join.streamed().output_partitioning().partition_count() as u64,
             })
         } else {
             return Err(DataFusionError::NotImplemented(format!(
@@ -211,6 +360,57 @@ mod tests {
         let decoded = decode_stage_plan(&bytes, &TaskContext::default()).unwrap();
         assert_eq!(text(&decoded), text(&plan));
         assert!(text(&decoded).contains("input=2, partitions=4, replay"));
+    }
+
+    /// The plan of `sql` with `setting` on, over two small tables.
+    async fn plan_with(setting: &str, sql: &str) -> Arc<dyn ExecutionPlan> {
+        use datafusion::prelude::{SessionConfig, SessionContext};
+        let mut config = SessionConfig::new().with_target_partitions(4);
+        config.options_mut().set(setting, "true").unwrap();
+        let ctx = SessionContext::new_with_config(config);
+        ctx.sql("create table t as values (1, 10), (2, 20), (1, 30), (3, 40)")
+            .await
+            .unwrap();
+        ctx.sql("create table u as values (5, 'a'), (25, 'b')")
+            .await
+            .unwrap();
+        ctx.sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap()
+    }
+
+    fn round_trips_with(plan: Arc<dyn ExecutionPlan>, node: &str) {
+        let before = text(&plan);
+        assert!(before.contains(node), "{before}");
+        let bytes = encode_stage_plan(Arc::clone(&plan)).unwrap();
+        // Functions resolve by name in the decoding side's registry, as on a worker.
+        let registry = datafusion::prelude::SessionContext::new().task_ctx();
+        let decoded = decode_stage_plan(&bytes, &registry).unwrap();
+        assert_eq!(text(&decoded), before);
+    }
+
+    #[tokio::test]
+    async fn a_window_top_n_round_trips() {
+        let plan = plan_with(
+            "datafusion.optimizer.enable_window_topn",
+            "select * from (select column1, column2, row_number() over (partition by column1 \
+             order by column2 desc) as rn from t) where rn <= 1",
+        )
+        .await;
+        round_trips_with(plan, "PartitionedTopKExec");
+    }
+
+    #[tokio::test]
+    async fn a_piecewise_merge_join_round_trips() {
+        let plan = plan_with(
+            "datafusion.optimizer.enable_piecewise_merge_join",
+            "select t.column2, u.column2 from t join u on t.column2 < u.column1",
+        )
+        .await;
+        round_trips_with(plan, "PiecewiseMergeJoin");
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub(crate) trait ColumnBuilder: Send {
     /// Appends `source[i]` for every `i` in `rows`.
     fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()>;
     /// The built column; the builder starts over, with room for `capacity` rows.
-    fn finish(&mut self, capacity: usize) -> ArrayRef;
+    fn finish(&mut self, capacity: usize) -> Result<ArrayRef>;
 }
 
 /// Appends the validity of `rows` of a column whose null buffer is `nulls`.
@@ -74,12 +74,12 @@ impl<T: ArrowPrimitiveType> ColumnBuilder for PrimitiveBuilder<T> {
         Ok(())
     }
 
-    fn finish(&mut self, capacity: usize) -> ArrayRef {
+    fn finish(&mut self, capacity: usize) -> Result<ArrayRef> {
         let values = std::mem::replace(&mut self.values, Vec::with_capacity(capacity));
         let nulls = self.nulls.finish();
-        Arc::new(
+        Ok(Arc::new(
             PrimitiveArray::<T>::new(values.into(), nulls).with_data_type(self.data_type.clone()),
-        )
+        ))
     }
 }
 
@@ -101,10 +101,13 @@ impl ColumnBuilder for BoolBuilder {
         Ok(())
     }
 
-    fn finish(&mut self, capacity: usize) -> ArrayRef {
+    fn finish(&mut self, capacity: usize) -> Result<ArrayRef> {
         let values = std::mem::replace(&mut self.values, BooleanBufferBuilder::new(capacity));
         let mut values = values;
-        Arc::new(BooleanArray::new(values.finish(), self.nulls.finish()))
+        Ok(Arc::new(BooleanArray::new(
+            values.finish(),
+            self.nulls.finish(),
+        )))
     }
 }
 
@@ -362,7 +365,7 @@ fn build(schema: &SchemaRef, state: &mut ChannelState, capacity: usize) -> Resul
         .columns
         .iter_mut()
         .map(|c| c.finish(capacity))
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let options = RecordBatchOptions::new().with_row_count(Some(state.rows));
     state.rows = 0;
     Ok(RecordBatch::try_new_with_options(

@@ -63,6 +63,10 @@ impl<T: ByteArrayType> OffsetBytesBuilder<T> {
 }
 
 impl<T: ByteArrayType> ColumnBuilder for OffsetBytesBuilder<T> {
+    #[expect(
+        unsafe_code,
+        reason = "commits the value bytes written into spare capacity (see `commit`)"
+    )]
     fn gather(&mut self, source: &dyn Array, rows: &[u32]) -> Result<()> {
         let source = source.as_bytes_opt::<T>().ok_or_else(|| {
             DataFusionError::Internal(format!("expected {} column", self.data_type))
@@ -132,12 +136,14 @@ impl<T: ByteArrayType> ColumnBuilder for OffsetBytesBuilder<T> {
             self.offsets.truncate(first_offset);
             return Err(e);
         }
-        commit(&mut self.values, base + written);
+        // SAFETY: the values were written back to back from `base` on, each covering its own bytes,
+        // and `written` is where the last one ended (a failed copy returned above).
+        unsafe { commit(&mut self.values, base + written) }?;
         gather_nulls(&mut self.nulls, source.nulls(), rows);
         Ok(())
     }
 
-    fn finish(&mut self, capacity: usize) -> ArrayRef {
+    fn finish(&mut self, capacity: usize) -> Result<ArrayRef> {
         let mut offsets = Vec::with_capacity(capacity + 1);
         offsets.push(T::Offset::usize_as(0));
         let offsets = std::mem::replace(&mut self.offsets, offsets);
@@ -157,13 +163,28 @@ impl<T: ByteArrayType> ColumnBuilder for OffsetBytesBuilder<T> {
 /// length of a value copied whole from a valid array of the same type, so they never decrease, end at
 /// `values.len()`, and delimit exactly the copied values; each value is (for strings) valid UTF-8 on
 /// its own, and a concatenation of valid UTF-8 strings split at their boundaries is valid too. Debug
-/// builds (and so every test) validate anyway.
-#[allow(unsafe_code)]
+/// builds (and so every test) validate fully; release builds check, at O(1), that the offsets start
+/// at 0 and end at `values.len()`, the invariant every other one follows from.
+#[expect(
+    unsafe_code,
+    reason = "skips a full validation whose invariants hold by construction (see above)"
+)]
 fn build_offset_array<T: ByteArrayType>(
     offsets: ScalarBuffer<T::Offset>,
     values: Buffer,
     nulls: Option<arrow::buffer::NullBuffer>,
-) -> ArrayRef {
+) -> Result<ArrayRef> {
+    let (first, last) = (offsets.first().copied(), offsets.last().copied());
+    if first.map(|o| o.as_usize()) != Some(0) || last.map(|o| o.as_usize()) != Some(values.len()) {
+        return Err(DataFusionError::Internal(format!(
+            "shuffle builder produced a {} column whose offsets run from {:?} to {:?} over {} value \
+             bytes",
+            T::DATA_TYPE,
+            first.map(|o| o.as_usize()),
+            last.map(|o| o.as_usize()),
+            values.len()
+        )));
+    }
     // SAFETY: see the function's docs: the offsets are non-negative and non-decreasing.
     let offsets = unsafe { OffsetBuffer::new_unchecked(offsets) };
     #[cfg(debug_assertions)]
@@ -172,7 +193,9 @@ fn build_offset_array<T: ByteArrayType>(
         &T::DATA_TYPE,
     );
     // SAFETY: see the function's docs; offsets and values satisfy `GenericByteArray`'s invariants.
-    Arc::new(unsafe { GenericByteArray::<T>::new_unchecked(offsets, values, nulls) })
+    Ok(Arc::new(unsafe {
+        GenericByteArray::<T>::new_unchecked(offsets, values, nulls)
+    }))
 }
 
 /// The data blocks of one view column under construction.
@@ -206,11 +229,18 @@ impl ViewBlocks {
         Ok(())
     }
 
+    #[expect(
+        unsafe_code,
+        reason = "commits the block's bytes written into spare capacity (see `commit`)"
+    )]
     fn close(&mut self) {
         if self.used > 0 {
             let mut full = std::mem::take(&mut self.current);
-            commit(&mut full, self.used);
-            self.closed.push(Buffer::from_vec(full));
+            // SAFETY: `used` bytes were written into the block's spare capacity, back to back.
+            // A length past the capacity is refused by `commit` and leaves the block out.
+            if unsafe { commit(&mut full, self.used) }.is_ok() {
+                self.closed.push(Buffer::from_vec(full));
+            }
         }
         self.current = Vec::new();
         self.used = 0;
@@ -276,7 +306,7 @@ impl<T: ByteViewType> ColumnBuilder for ViewBytesBuilder<T> {
         Ok(())
     }
 
-    fn finish(&mut self, capacity: usize) -> ArrayRef {
+    fn finish(&mut self, capacity: usize) -> Result<ArrayRef> {
         let blocks = self.blocks.finish();
         let views = std::mem::replace(&mut self.views, Vec::with_capacity(capacity));
         let nulls = self.nulls.finish();
@@ -386,7 +416,10 @@ fn copy_long(out: &mut [MaybeUninit<u8>], source: &[u8], start: usize, len: usiz
 /// A fixed-size copy; with `N` known the compiler emits a few vector moves. The safe spellings
 /// (`write_copy_of_slice`, `array::map`, an element loop) became a `memcpy` call, an out-of-line
 /// function or a byte loop, all measured slower.
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "a fixed-size copy the safe spellings compile to a slower call"
+)]
 #[inline(always)]
 fn copy_chunk<const N: usize>(target: &mut [MaybeUninit<u8>; N], chunk: &[u8; N]) {
     // SAFETY: both are arrays of exactly `N` bytes, distinct (one is borrowed mutably, the other
@@ -394,19 +427,29 @@ fn copy_chunk<const N: usize>(target: &mut [MaybeUninit<u8>; N], chunk: &[u8; N]
     unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), target.as_mut_ptr().cast::<u8>(), N) }
 }
 
-/// Makes the first `len` bytes of `bytes`' capacity its contents.
+/// Makes the first `len` bytes of `bytes`' capacity its contents; a `len` past the capacity is an
+/// error (checked in every build) and changes nothing.
 ///
-/// Callers guarantee that every one of those bytes was written: values are written back to back from
-/// the vector's length on (each write of a value covers its own bytes, and the position then moves by
-/// exactly its length), and `len` is where the last write ended. A failed write returns an error
-/// before this is called.
-#[allow(unsafe_code)]
-fn commit(bytes: &mut Vec<u8>, len: usize) {
-    // Every caller wrote within the capacity it reserved; clamping keeps `set_len` sound regardless.
-    debug_assert!(len <= bytes.capacity(), "committing past the capacity");
-    let len = len.min(bytes.capacity());
-    // SAFETY: `len` is within the capacity, and the bytes up to it are initialized (see above).
+/// # Safety
+///
+/// Every byte of `bytes` below `len` must have been written (initialized). Callers write values back
+/// to back from the vector's length on, each write covering its own bytes, and pass where the last
+/// write ended; a failed write returns an error before this is called.
+#[expect(
+    unsafe_code,
+    reason = "commits bytes written into spare capacity without zero-filling them first"
+)]
+unsafe fn commit(bytes: &mut Vec<u8>, len: usize) -> Result<()> {
+    if len > bytes.capacity() {
+        return Err(DataFusionError::Internal(format!(
+            "shuffle builder committing {len} bytes into a buffer of {}",
+            bytes.capacity()
+        )));
+    }
+    // SAFETY: `len` is within the capacity (checked above) and the caller guarantees the bytes up to
+    // it are initialized.
     unsafe { bytes.set_len(len) };
+    Ok(())
 }
 
 /// Debug builds (and so every test) validate each array this module builds without validation; an
@@ -429,13 +472,28 @@ fn debug_check<A>(
 /// Safety argument for skipping validation: an inline view was copied verbatim from a valid array of the
 /// same type; an out-of-line view keeps its source's length and prefix and points at the block and
 /// offset where exactly that value's bytes were copied, so each view is in bounds, its prefix matches
-/// and (for strings) its bytes are valid UTF-8. Debug builds (and so every test) validate anyway.
-#[allow(unsafe_code)]
+/// and (for strings) its bytes are valid UTF-8. Debug builds (and so every test) validate fully;
+/// release builds check (one pass over the views, no byte touched) that every out-of-line view
+/// points inside one of the blocks.
+#[expect(
+    unsafe_code,
+    reason = "skips a full validation whose invariants hold by construction (see above)"
+)]
 fn build_view_array<T: ByteViewType>(
     views: ScalarBuffer<u128>,
     blocks: Vec<Buffer>,
     nulls: Option<arrow::buffer::NullBuffer>,
-) -> ArrayRef {
+) -> Result<ArrayRef> {
+    if let Some(bad) = views
+        .iter()
+        .position(|view| !view_in_bounds(*view, &blocks))
+    {
+        return Err(DataFusionError::Internal(format!(
+            "shuffle builder produced a {} view (row {bad}) outside its {} data blocks",
+            T::DATA_TYPE,
+            blocks.len()
+        )));
+    }
     #[cfg(debug_assertions)]
     debug_check(
         GenericByteViewArray::<T>::try_new(views.clone(), blocks.clone(), nulls.clone()),
@@ -443,7 +501,22 @@ fn build_view_array<T: ByteViewType>(
     );
     // SAFETY: see the function's docs; views, blocks and nulls satisfy `GenericByteViewArray`'s
     // invariants.
-    Arc::new(unsafe { GenericByteViewArray::<T>::new_unchecked(views, blocks, nulls) })
+    Ok(Arc::new(unsafe {
+        GenericByteViewArray::<T>::new_unchecked(views, blocks, nulls)
+    }))
+}
+
+/// Whether an out-of-line view's bytes lie inside its block (inline views always do).
+fn view_in_bounds(view: u128, blocks: &[Buffer]) -> bool {
+    let len = view as u32 as usize;
+    if len <= 12 {
+        return true;
+    }
+    let block = (view >> 64) as u32 as usize;
+    let offset = (view >> 96) as u32 as usize;
+    blocks
+        .get(block)
+        .is_some_and(|b| offset.checked_add(len).is_some_and(|end| end <= b.len()))
 }
 
 /// A builder for a variable-width `data_type`, if it is one of the supported ones.
@@ -481,6 +554,42 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    #[expect(unsafe_code, reason = "calls `commit` with a length it must refuse")]
+    fn release_checks_refuse_offsets_and_views_that_do_not_fit_their_bytes() {
+        let short = build_offset_array::<arrow::datatypes::Utf8Type>(
+            ScalarBuffer::from(vec![0i32, 3, 7]),
+            Buffer::from_vec(vec![b'a'; 6]),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            short
+                .to_string()
+                .contains("offsets run from Some(0) to Some(7) over 6 value bytes"),
+            "{short}"
+        );
+        // A 20-byte value at offset 8 of block 0 (bits 64..96), which holds 16 bytes.
+        let view = 20u128 | (8u128 << 96);
+        let outside = build_view_array::<arrow::datatypes::StringViewType>(
+            ScalarBuffer::from(vec![view]),
+            vec![Buffer::from_vec(vec![b'x'; 16])],
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            outside
+                .to_string()
+                .contains("view (row 0) outside its 1 data blocks"),
+            "{outside}"
+        );
+        let mut bytes = Vec::with_capacity(4);
+        // SAFETY: nothing is committed: the length is past the capacity and refused.
+        let refused = unsafe { commit(&mut bytes, 5) };
+        assert!(refused.is_err());
+        assert!(bytes.is_empty());
+    }
+
     /// Gathers `rows` of `source` in chunks of `chunk` rows into one builder and checks the result
     /// against Arrow's `take`, with full validation.
     fn check(source: ArrayRef, rows: &[u32], chunk: usize) {
@@ -488,7 +597,7 @@ mod tests {
         for part in rows.chunks(chunk) {
             builder.gather(source.as_ref(), part).unwrap();
         }
-        let built = builder.finish(rows.len());
+        let built = builder.finish(rows.len()).unwrap();
         built.to_data().validate_full().unwrap();
         let expected = take(source.as_ref(), &UInt32Array::from(rows.to_vec()), None).unwrap();
         assert_eq!(built.as_ref(), expected.as_ref());

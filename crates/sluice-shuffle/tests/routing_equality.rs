@@ -265,14 +265,36 @@ proptest! {
         };
         prop_assert_eq!(concat(&actual), concat(&expected));
         // Builders cut exactly, except for a whole input batch of at least half the target, which
-        // passes through; coalescers pass any slice above half the target through whole.
+        // passes through; coalescers pass any slice above half the target through whole (one
+        // input batch's rows of one channel). Nothing else is larger than the target.
         let exact = ChannelBuilders::supports(&schema);
+        let input_sizes: Vec<usize> = inputs.iter().map(|b| b.num_rows()).collect();
+        let largest_input = input_sizes.iter().copied().max().unwrap_or(0);
+        let passed_through = |b: &RecordBatch| {
+            let whole = if exact {
+                input_sizes.contains(&b.num_rows())
+            } else {
+                b.num_rows() <= largest_input
+            };
+            whole && b.num_rows() * 2 >= target_rows
+        };
         for batches in actual.values() {
             let (last, full) = batches.split_last().unwrap();
+            for b in batches {
+                prop_assert!(
+                    b.num_rows() <= target_rows || passed_through(b),
+                    "a batch of {} rows (target {target_rows}, inputs {input_sizes:?})",
+                    b.num_rows()
+                );
+            }
             if exact {
-                prop_assert!(full
-                    .iter()
-                    .all(|b| b.num_rows() == target_rows || b.num_rows() * 2 >= target_rows));
+                for b in full {
+                    prop_assert!(
+                        b.num_rows() == target_rows || passed_through(b),
+                        "a {}-row batch before the last (target {target_rows}, inputs {input_sizes:?})",
+                        b.num_rows()
+                    );
+                }
             }
             prop_assert!(last.num_rows() > 0);
             for b in batches {

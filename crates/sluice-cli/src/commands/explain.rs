@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError, SluiceSession};
+use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
 use sluice_planner::explain::{explain_json, explain_text};
 use tokio::runtime::Runtime;
 
@@ -32,14 +32,10 @@ pub struct ExplainArgs {
     pub format: ExplainFormat,
 }
 
-/// Runs `sluice explain`. In local mode the query is planned with the settings a distributed mode
+/// Runs `sluice explain`. In every mode the query is planned with the settings a distributed run
 /// requires, since that is the plan the job graph is cut from.
 pub fn run(args: ExplainArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
-    let mut config = config.clone();
-    if config.mode.value == ExecutionMode::Local {
-        config.mode.value = ExecutionMode::LocalGraph;
-    }
-    let session = runtime.block_on(args.tables.open_session(&config))?;
+    let session = runtime.block_on(args.tables.open_session(config))?;
     print!(
         "{}",
         runtime.block_on(explain(&session, &args.query, args.format))?

@@ -12,6 +12,10 @@
 //!    row's nullness, so it keeps collect-left and gets a single probe partition instead.
 //! 3. **Nested-loop join with those join types**: no keys to hash on, so the probe side is coalesced
 //!    to one partition and one task sees every probe row.
+//! 4. **Piecewise merge join emitting unmatched buffered rows** (Left, Full): the last of an
+//!    instance's `num_partitions` streamed partitions emits them, so in a task of its own (one
+//!    partition per instance) they would never come. The streamed side is coalesced to one
+//!    partition and the join rebuilt for one partition.
 //!
 //! ```text
 //!   HashJoinExec CollectLeft, Left            HashJoinExec Partitioned, Left
@@ -29,7 +33,9 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
-use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{
+    HashJoinExec, NestedLoopJoinExec, PartitionMode, PiecewiseMergeJoinExec,
+};
 use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -38,7 +44,8 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 pub fn apply_all(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     let plan = single_partition_for_global_limit(plan)?;
     let plan = partitioned_hash_join_for_unmatched_build_rows(plan)?;
-    single_probe_partition_for_nested_loop_join(plan)
+    let plan = single_probe_partition_for_nested_loop_join(plan)?;
+    single_streamed_partition_for_piecewise_merge_join(plan)
 }
 
 /// Whether a join of this type emits build-side (left) rows that found no match, which only the
@@ -143,6 +150,32 @@ pub fn single_probe_partition_for_nested_loop_join(
             node.clone(),
             children,
         )?))
+    })
+    .map(|t| t.data)
+}
+
+/// Rewrite 4: piecewise merge joins that emit unmatched buffered rows run as one partition.
+pub fn single_streamed_partition_for_piecewise_merge_join(
+    plan: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(join) = node.downcast_ref::<PiecewiseMergeJoinExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        if !matches!(join.join_type(), JoinType::Left | JoinType::Full) {
+            return Ok(Transformed::no(node));
+        }
+        let rewritten = PiecewiseMergeJoinExec::try_new(
+            join.buffered().clone(),
+            coalesce(join.streamed().clone()),
+            join.on.clone(),
+            join.operator,
+            join.join_type(),
+            1,
+        )?;
+        Ok(Transformed::yes(
+            Arc::new(rewritten) as Arc<dyn ExecutionPlan>
+        ))
     })
     .map(|t| t.data)
 }

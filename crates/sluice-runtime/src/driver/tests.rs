@@ -296,7 +296,8 @@ impl Harness {
     }
 
     fn report(&self, worker: WorkerId, attempt: AttemptKey, sequence: u64, state: TaskState) {
-        self.driver.handle()
+        self.driver
+            .handle()
             .report(TaskStatusReport {
                 worker,
                 attempt,
