@@ -2,21 +2,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn sluice() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command.env_remove("RUST_BACKTRACE");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("SLUICE_") {
-            command.env_remove(name);
-        }
-    }
-    command
-}
+use common::{sluice, tpch_dir};
 
 fn run(args: &[&str]) -> Output {
     sluice().args(args).output().unwrap()
@@ -49,24 +41,6 @@ fn assert_output_is_clear_error(output: &Output, args: &[&str], needles: &[&str]
     for needle in needles {
         assert!(err.contains(needle), "{args:?}: '{needle}' not in: {err}");
     }
-}
-
-/// TPC-H SF 0.01, generated once per test binary into Cargo's tmp dir.
-fn tpch_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.01");
-        let output = run(&[
-            "tpch",
-            "gen",
-            "--scale",
-            "0.01",
-            "--out",
-            dir.to_str().unwrap(),
-        ]);
-        assert!(output.status.success(), "{}", stderr(&output));
-        dir
-    })
 }
 
 fn write(dir: &Path, name: &str, content: &[u8]) -> PathBuf {

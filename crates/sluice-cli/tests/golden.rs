@@ -10,40 +10,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+mod common;
+
+use std::path::PathBuf;
+
+use common::{sluice, tpch_dir};
 
 const MODES: &[&str] = &["local", "local-graph", "local-cluster"];
 
 fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
-}
-
-/// TPC-H SF 0.01, generated once per test binary into Cargo's tmp dir.
-fn tpch_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.01-golden");
-        let output = sluice()
-            .args(["tpch", "gen", "--scale", "0.01", "--out"])
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{output:?}");
-        dir
-    })
-}
-
-fn sluice() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command.env_remove("RUST_BACKTRACE");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("SLUICE_") {
-            command.env_remove(name);
-        }
-    }
-    command
 }
 
 /// Replaces every match of a simple pattern: `digits` runs (with an optional fraction and unit

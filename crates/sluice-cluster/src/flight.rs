@@ -7,7 +7,8 @@
 //!     ◄── or a status: code by error kind, the error in its details
 //! ```
 //!
-//! Invariants: a malformed or unknown ticket gets an error reply and the server keeps serving; a
+//! Invariants: batches arrive with exactly the types they were written with (`flight_ipc`: nested
+//! types and dictionaries unchanged); a malformed or unknown ticket gets an error reply and the server keeps serving; a
 //! failed read reaches the reader with its kind (so a consumer's retry decision sees a transport
 //! failure as one); when a reader drops its stream, the server drops the receiver, so the producer
 //! stops waiting for it; messages have no size limit (a batch may exceed gRPC's 4 MiB default).
@@ -16,7 +17,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use arrow_flight::decode::FlightRecordBatchStream;
-use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -40,6 +40,7 @@ use sluice_runtime::StreamStore;
 use sluice_runtime::transport::StreamFetcher;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::flight_ipc::encode_stream;
 use crate::net::endpoint;
 use crate::wire::{from_status, stream_from_ticket, stream_to_proto, to_status};
 
@@ -120,19 +121,11 @@ impl FlightService for StreamFlightService {
         let id = stream_from_ticket(&request.into_inner().ticket).map_err(|e| to_status(&e))?;
         let (schema, receiver) = self.store.take(id).await.map_err(|e| to_status(&e))?;
         let batches = sluice_runtime::receiver_stream(schema.clone(), receiver)
-            .and_then(|batch| futures::future::ready(compact_views(batch)))
-            .map_err(|e| FlightError::Tonic(Box::new(to_status(&e))));
+            .and_then(|batch| futures::future::ready(compact_views(batch)));
         let options = IpcWriteOptions::default()
             .try_with_compression(self.compression)
             .map_err(|e| Status::internal(e.to_string()))?;
-        let data = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .with_options(options)
-            .build(batches)
-            .map_err(|e| match e {
-                FlightError::Tonic(status) => *status,
-                other => Status::internal(other.to_string()),
-            });
+        let data = encode_stream(schema, batches, options).map_err(|e| to_status(&e));
         Ok(Response::new(Box::pin(data)))
     }
 
@@ -248,6 +241,37 @@ mod tests {
     use datafusion::arrow::datatypes::{Field, Schema};
 
     use super::*;
+
+    /// Encodes `batch` as the Flight service does and decodes it as the fetcher does.
+    async fn through_flight(batch: RecordBatch) -> Vec<RecordBatch> {
+        let schema = batch.schema();
+        let data = encode_stream(
+            schema,
+            futures::stream::iter([Ok(batch.clone()), Ok(batch)]),
+            IpcWriteOptions::default(),
+        )
+        .map_err(|e| FlightError::ExternalError(Box::new(e)));
+        FlightRecordBatchStream::new_from_flight_data(data)
+            .try_collect()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn lists_and_dictionaries_keep_their_types_and_values_over_flight() {
+        use datafusion::arrow::array::{DictionaryArray, LargeListArray};
+        use datafusion::arrow::datatypes::{Int32Type, Int64Type};
+        let list = LargeListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![
+            Some(1),
+            Some(2),
+            Some(3),
+        ])]);
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
+        let batch = RecordBatch::try_from_iter(vec![("l", Arc::new(list) as ArrayRef)]).unwrap();
+        assert_eq!(through_flight(batch.clone()).await, [batch.clone(), batch]);
+        let batch = RecordBatch::try_from_iter(vec![("d", Arc::new(dict) as ArrayRef)]).unwrap();
+        assert_eq!(through_flight(batch.clone()).await, [batch.clone(), batch]);
+    }
 
     #[test]
     fn view_columns_taken_from_a_large_array_are_compacted_before_the_wire() {

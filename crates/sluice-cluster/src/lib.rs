@@ -14,7 +14,8 @@
 //!
 //! Modules: [`proto`] (generated messages and services), `wire` (runtime values to and from
 //! protobuf, error kinds to and from status codes), `client` (the driver's `WorkerClient` over
-//! gRPC), `flight` (the Flight service over a stream store and the `StreamFetcher` over Flight),
+//! gRPC), `flight` (the Flight service over a stream store and the `StreamFetcher` over Flight), `flight_ipc`
+//! (the stream's Arrow IPC encoding),
 //! `worker_server` and `driver_server` (the services), `net` (loopback listening and connecting),
 //! [`LocalCluster`] and [`LocalClusterRunner`].
 
@@ -23,6 +24,7 @@ pub mod proto;
 mod client;
 mod driver_server;
 mod flight;
+mod flight_ipc;
 mod local_cluster;
 mod net;
 mod runner;

@@ -8,12 +8,12 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::future::BoxFuture;
-use futures::{TryStreamExt, stream};
 use sluice_planner::JobGraph;
 use sluice_runtime::JobRunner;
+use sluice_runtime::codec::distributed_graph_options;
 use sluice_runtime::driver::progress_line;
+use sluice_runtime::runner::lazy_stream;
 use tokio::sync::OnceCell;
 
 use crate::local_cluster::{ClusterOptions, LocalCluster};
@@ -63,17 +63,13 @@ impl JobRunner for LocalClusterRunner {
         plan: Arc<dyn ExecutionPlan>,
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let graph = JobGraph::try_new(plan)?;
+        let graph = JobGraph::try_new_with(plan, &distributed_graph_options())?;
         let schema = graph.schema().clone();
         let runner = self.clone();
-        let start = async move {
+        Ok(lazy_stream(schema, async move {
             let cluster = runner.cluster().await?;
-            Ok::<_, datafusion::common::DataFusionError>(cluster.execute(graph, task_ctx))
-        };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            stream::once(start).try_flatten(),
-        )))
+            Ok(cluster.execute(graph, task_ctx))
+        }))
     }
 
     fn progress_line(&self) -> BoxFuture<'static, Option<String>> {

@@ -24,7 +24,7 @@ pub enum ExecutionMode {
     /// In-process DataFusion (`execute_stream`): the embedded default.
     #[default]
     Local,
-    /// The job graph executed in this process by the in-process job executor: stages, shuffles and
+    /// The job graph run by the driver on one in-process worker: stages, shuffles and
     /// task regions exactly as a cluster runs them, without networking.
     LocalGraph,
     /// A driver and `workers` workers in this process, talking only through gRPC and Arrow Flight

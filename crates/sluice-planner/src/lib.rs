@@ -29,7 +29,7 @@ pub use ids::{
 pub use job_graph::input_keys::task_input_keys;
 pub use job_graph::{
     DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions, OutputDistribution, OutputMode,
-    Stage, StageInput, TaskPlacement,
+    Stage, StageInput, TaskPlacement, WireCheck,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;

@@ -1,5 +1,5 @@
 //! `EXPLAIN ANALYZE` across stages: the final stage's `AnalyzeExec` only sees its own stage, so the
-//! driver (the cluster's, or the in-process executor) adds one row per earlier stage, built from what
+//! driver (in every distributed mode) adds one row per earlier stage, built from what
 //! its tasks reported.
 //!
 //! ```text

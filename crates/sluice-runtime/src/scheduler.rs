@@ -163,6 +163,16 @@ impl Job {
         self.graph.topology().region_of(task)
     }
 
+    /// The tasks of `region`.
+    fn region_tasks(&self, region: RegionId) -> Vec<TaskId> {
+        self.graph
+            .topology()
+            .regions()
+            .get(region.0)
+            .map(|r| r.tasks.clone())
+            .unwrap_or_default()
+    }
+
     fn current_attempt(&self, region: RegionId) -> Option<usize> {
         match self.regions.get(region.0)? {
             RegionState::Running { attempt, .. } | RegionState::Succeeded { attempt } => {
@@ -346,17 +356,24 @@ impl JobScheduler {
         attempt: TaskAttempt,
         error: RemoteError,
     ) -> Vec<SchedulerAction> {
-        if self.has_reported(job, attempt) || !self.is_running(job, attempt) {
+        if self.has_reported(job, attempt) {
             return Vec::new();
         }
-        let Some(region) = self.jobs.get(&job).and_then(|s| s.region_of(attempt.task)) else {
-            return Vec::new();
-        };
-        self.region_failed(job, region, attempt, error)
+        self.fail_running(job, attempt, error)
     }
 
     /// `attempt` was lost with its worker: it failed with `error`, whatever it reported before.
     pub fn task_lost(
+        &mut self,
+        job: JobId,
+        attempt: TaskAttempt,
+        error: RemoteError,
+    ) -> Vec<SchedulerAction> {
+        self.fail_running(job, attempt, error)
+    }
+
+    /// Fails `attempt` with `error` if it is its region's current, unfinished attempt.
+    fn fail_running(
         &mut self,
         job: JobId,
         attempt: TaskAttempt,
@@ -431,13 +448,7 @@ impl JobScheduler {
         let delivered = state.delivered.contains(&region);
         let retry = error.kind.is_retryable() && attempt + 1 < max_attempts && !delivered;
         if retry {
-            let region_tasks = state
-                .graph
-                .topology()
-                .regions()
-                .get(region.0)
-                .map(|r| r.tasks.clone())
-                .unwrap_or_default();
+            let region_tasks = state.region_tasks(region);
             let mut actions = Vec::new();
             if !others.is_empty() {
                 actions.push(SchedulerAction::StopTasks { job, tasks: others });
@@ -512,13 +523,7 @@ impl JobScheduler {
 }
 
 fn start_region(job: JobId, state: &mut Job, region: RegionId, attempt: usize) -> SchedulerAction {
-    let tasks: Vec<TaskId> = state
-        .graph
-        .topology()
-        .regions()
-        .get(region.0)
-        .map(|r| r.tasks.clone())
-        .unwrap_or_default();
+    let tasks = state.region_tasks(region);
     state.regions[region.0] = RegionState::Running {
         attempt,
         remaining: tasks.iter().copied().collect(),

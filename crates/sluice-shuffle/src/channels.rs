@@ -257,20 +257,24 @@ impl ChannelReceiver {
     }
 
     async fn read_spilled(&self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
-        let mut stream = self
-            .shared
-            .spill
-            .read_spill_as_stream_unbuffered(file, None)?;
-        let batch = stream.next().await.ok_or_else(|| {
-            DataFusionError::Internal(format!(
-                "{} channel {}: spill file holds no batch",
-                self.shared.name, self.channel
-            ))
-        })?;
-        // The stream holds the last reference to the file: dropping it deletes the file.
-        drop(stream);
-        batch
+        // The stream holds the last reference to the file: reading it to its end deletes the file.
+        read_spilled_batch(&self.shared.spill, file, &self.shared.name, self.channel).await
     }
+}
+
+/// The one batch a spill file of `channel` of `name` holds.
+pub(crate) async fn read_spilled_batch(
+    spill: &SpillManager,
+    file: Arc<dyn SpillFile>,
+    name: &str,
+    channel: usize,
+) -> Result<RecordBatch> {
+    let mut stream = spill.read_spill_as_stream_unbuffered(file, None)?;
+    stream.next().await.ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "{name} channel {channel}: spill file holds no batch"
+        ))
+    })?
 }
 
 impl Drop for ChannelReceiver {

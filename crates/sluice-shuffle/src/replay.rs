@@ -26,8 +26,9 @@ use datafusion_execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion_execution::runtime_env::RuntimeEnv;
 use datafusion_physical_plan::metrics::SpillMetrics;
 use datafusion_physical_plan::spill::SpillManager;
-use futures::StreamExt;
 use tokio::sync::Notify;
+
+use crate::channels::read_spilled_batch;
 
 #[derive(Clone)]
 enum Entry {
@@ -200,16 +201,8 @@ impl ReplayReader {
     }
 
     async fn read_spilled(&self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
-        let mut stream = self
-            .output
-            .spill
-            .read_spill_as_stream_unbuffered(file, None)?;
-        stream.next().await.ok_or_else(|| {
-            DataFusionError::Internal(format!(
-                "{} channel {}: spill file holds no batch",
-                self.output.name, self.channel
-            ))
-        })?
+        // Every reader reads the file again; the output keeps it until it is dropped.
+        read_spilled_batch(&self.output.spill, file, &self.output.name, self.channel).await
     }
 }
 

@@ -161,6 +161,56 @@ async fn a_task_that_always_fails_fails_the_query_with_its_own_error() {
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_consumer_of_blocking_outputs_rereads_them_without_recomputing_its_producers() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let final_stage = Arc::new(AtomicUsize::new(usize::MAX));
+    let fail_at = final_stage.clone();
+    let (hook, seen) = counting_hook(move |key| {
+        key.stage.0 == fail_at.load(Ordering::SeqCst) && key.partition == 0 && key.attempt == 0
+    });
+    let local = session(ExecutionMode::Local, &[]).await;
+    let runner = cluster_runner(2, Some(hook));
+    let cluster = cluster_session(&runner).await;
+    let query = tpch_query(Q3, 0.01).unwrap();
+    let sql = &query.statements[query.result_statement];
+    let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+    let Some(SluiceStatement::Sql(statement)) = cluster.parse_sql(sql).unwrap().pop() else {
+        panic!("one statement");
+    };
+    let plan = cluster.plan_statement(statement).await.unwrap();
+    let options = sluice_planner::JobGraphOptions {
+        exchange_mode: sluice_planner::OutputMode::Blocking,
+        ..Default::default()
+    };
+    let graph = sluice_planner::JobGraph::try_new_with(plan, &options).unwrap();
+    // Every stage is a region of its own: the final one runs after all others succeeded.
+    assert!(graph.topology().regions().len() >= graph.stages().len());
+    final_stage.store(graph.final_stage().0, Ordering::SeqCst);
+    let stream = runner
+        .cluster()
+        .await
+        .unwrap()
+        .execute(graph, cluster.context().task_ctx());
+    let batches = collect_stream(stream).await.unwrap().batches;
+    assert_eq!(format_rows(&batches).unwrap(), expected);
+    let seen = seen.lock().unwrap().clone();
+    let last = final_stage.load(Ordering::SeqCst);
+    assert_eq!(
+        seen.get(&(last, 0, 1)),
+        Some(&1),
+        "the final task ran again: {seen:?}"
+    );
+    // Its producers ran once: their blocking outputs were read again, not recomputed.
+    assert!(
+        seen.iter()
+            .filter(|((stage, _, _), _)| *stage != last)
+            .all(|((_, _, attempt), n)| *attempt == 0 && *n == 1),
+        "{seen:?}"
+    );
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
 /// The error text of `sql` in `session`.
 async fn error_of(session: &SluiceSession, sql: &str) -> String {
     let statement = session.parse_sql(sql).unwrap().pop().unwrap();

@@ -14,7 +14,7 @@ use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::limit::GlobalLimitExec;
 
 use super::rewrites::coalesce;
-use super::wire_fidelity::has_lossy_literal;
+use super::wire_fidelity::travels_exactly;
 use super::{
     InputMode, JobGraphOptions, OutputDistribution, OutputMode, Stage, StageId, StageInput,
     TaskPlacement,
@@ -241,11 +241,12 @@ impl Builder<'_> {
             return plan_err!("{} would split its output into zero channels", plan.name());
         }
         // A plan that would not survive the wire exactly runs on the driver, from memory.
-        let placement = if placement == TaskPlacement::Worker && has_lossy_literal(&plan)? {
-            TaskPlacement::Driver
-        } else {
-            placement
-        };
+        let placement =
+            if placement == TaskPlacement::Worker && !travels_exactly(&plan, self.options)? {
+                TaskPlacement::Driver
+            } else {
+                placement
+            };
         let id = StageId(self.stages.len());
         self.stages.push(Stage {
             inputs,

@@ -27,6 +27,7 @@ pub mod input_keys;
 pub mod rewrites;
 mod wire_fidelity;
 
+use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -208,8 +209,12 @@ impl Stage {
     }
 }
 
+/// Whether a stage plan survives the trip to a worker exactly (encoded, decoded, the same plan). The
+/// runtime supplies it (it owns the codec); a stage that does not runs on the driver, from memory.
+pub type WireCheck = Arc<dyn Fn(&Arc<dyn ExecutionPlan>) -> bool + Send + Sync>;
+
 /// Choices the job-graph builder makes that are not dictated by the plan.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct JobGraphOptions {
     /// How plan nodes distribute (built-in rules plus registered extensions).
     pub rules: DistributionRules,
@@ -218,6 +223,19 @@ pub struct JobGraphOptions {
     /// Apply the distributed-correctness rewrites (see [`rewrites`]). Always on when running
     /// queries; tests turn it off to show the wrong answers each rewrite prevents.
     pub apply_rewrites: bool,
+    /// Whether a worker stage's plan survives the wire exactly; without one, only the planner's own
+    /// knowledge of datafusion-proto's gaps applies (see `wire_fidelity`).
+    pub wire_check: Option<WireCheck>,
+}
+
+impl fmt::Debug for JobGraphOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobGraphOptions")
+            .field("exchange_mode", &self.exchange_mode)
+            .field("apply_rewrites", &self.apply_rewrites)
+            .field("wire_check", &self.wire_check.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for JobGraphOptions {
@@ -226,6 +244,7 @@ impl Default for JobGraphOptions {
             rules: DistributionRules::default(),
             exchange_mode: OutputMode::Pipelined,
             apply_rewrites: true,
+            wire_check: None,
         }
     }
 }

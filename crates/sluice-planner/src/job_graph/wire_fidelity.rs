@@ -1,18 +1,39 @@
-//! Whether a stage plan survives the wire exactly. datafusion-proto 55 encodes a `Float16` literal as
-//! `Float32`, so a stage holding one would compute with another type on a worker; the builder places
-//! such a stage on the driver, which runs it from the in-memory plan. This is the only place that
-//! decision is made: `Stage::placement` carries it to EXPLAIN, the scheduler and task placement.
+//! Whether a stage plan survives the wire exactly. A stage that would not runs on the driver, from
+//! its in-memory plan, rather than compute something else on a worker: that is always correct, only
+//! slower. Two checks decide it:
+//! - what the planner itself knows of datafusion-proto 55's gaps, which no decoded plan shows: a
+//!   `Float16` literal is encoded as `Float32`; a file scan's compression and its `preserve_order`
+//!   flag are not encoded at all (a gzip CSV would be read as plain text);
+//! - the runtime's [`WireCheck`](super::WireCheck), when the job graph is built with one: the plan is
+//!   encoded and decoded and must come back the same (a node without a wire form, or one whose
+//!   options the encoding drops, fails it).
+//!
+//! This is the only place the decision is made: `Stage::placement` carries it to EXPLAIN, the
+//! scheduler and task placement.
 
 use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_plan::ExecutionPlan;
 
+/// Whether `plan` reaches a worker exactly as it is.
+pub(crate) fn travels_exactly(
+    plan: &Arc<dyn ExecutionPlan>,
+    options: &super::JobGraphOptions,
+) -> Result<bool> {
+    if has_lossy_literal(plan)? || has_unencoded_scan_option(plan)? {
+        return Ok(false);
+    }
+    Ok(options.wire_check.as_ref().is_none_or(|check| check(plan)))
+}
+
 /// Whether `plan` holds a literal that datafusion-proto 55 does not encode exactly.
-pub(crate) fn has_lossy_literal(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+fn has_lossy_literal(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
     let mut lossy = false;
     plan.apply(|node| {
         node.apply_expressions(&mut |expr| {
@@ -33,4 +54,21 @@ pub(crate) fn has_lossy_literal(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
         })
     })?;
     Ok(lossy)
+}
+
+/// Whether `plan` scans files with an option datafusion-proto 55 does not encode: a compression, or
+/// an order the files must be read in.
+fn has_unencoded_scan_option(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+    let mut found = false;
+    plan.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<DataSourceExec>()
+            && let Some(files) = scan.data_source().downcast_ref::<FileScanConfig>()
+            && (files.file_compression_type.is_compressed() || files.preserve_order)
+        {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(found)
 }

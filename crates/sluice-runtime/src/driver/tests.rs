@@ -150,7 +150,10 @@ enum Item {
 /// Serves the final stage's streams from scripts, by (partition, attempt); unscripted streams end
 /// at once.
 #[derive(Debug, Clone, Default)]
-struct FakeFetcher(Arc<Mutex<HashMap<(usize, usize), Vec<Item>>>>);
+struct FakeFetcher(Arc<Mutex<Scripts>>);
+
+/// Scripted streams by (partition, attempt).
+type Scripts = HashMap<(usize, usize), Vec<Item>>;
 
 impl FakeFetcher {
     fn script(&self, partition: usize, attempt: usize, items: Vec<Item>) {

@@ -15,13 +15,12 @@ use std::sync::Arc;
 use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::future::BoxFuture;
-use futures::{TryStreamExt, stream};
 use sluice_planner::{JobGraph, WorkerId};
 use tokio::sync::OnceCell;
 
-use super::JobRunner;
+use super::{JobRunner, lazy_stream};
+use crate::codec::distributed_graph_options;
 use crate::driver::{
     Driver, DriverOptions, DriverSnapshot, ExecutorEndpoint, Liveness, WorkerRegistration,
     progress_line,
@@ -157,17 +156,13 @@ impl JobRunner for LocalGraphRunner {
         plan: Arc<dyn ExecutionPlan>,
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let graph = JobGraph::try_new(plan)?;
+        let graph = JobGraph::try_new_with(plan, &distributed_graph_options())?;
         let schema = graph.schema().clone();
         let runner = self.clone();
-        let start = async move {
+        Ok(lazy_stream(schema, async move {
             let local = runner.local_graph().await?;
-            Ok::<_, datafusion::common::DataFusionError>(local.driver.execute(graph, task_ctx))
-        };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            stream::once(start).try_flatten(),
-        )))
+            Ok(local.driver.execute(graph, task_ctx))
+        }))
     }
 
     fn progress_line(&self) -> BoxFuture<'static, Option<String>> {

@@ -11,10 +11,10 @@ use datafusion::common::runtime::JoinSet;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, stream};
 use tokio::sync::mpsc;
 
-use super::JobRunner;
+use super::{JobRunner, lazy_stream};
 use crate::task_runtime::task_runtime;
 
 /// Runs plans in-process with plain DataFusion.
@@ -42,8 +42,8 @@ pub fn spawn_stream<F>(schema: SchemaRef, start: F) -> SendableRecordBatchStream
 where
     F: FnOnce() -> Result<SendableRecordBatchStream> + Send + 'static,
 {
-    let output_schema = schema.clone();
-    let started = async move {
+    let batches_schema = schema.clone();
+    lazy_stream(schema, async move {
         let handle = task_runtime()?;
         let (tx, rx) = mpsc::channel(2);
         let mut tasks = JoinSet::new();
@@ -68,10 +68,8 @@ where
         let batches = stream::unfold((rx, tasks), |(mut rx, tasks)| async move {
             rx.recv().await.map(|batch| (batch, (rx, tasks)))
         });
-        Ok::<_, datafusion::common::DataFusionError>(batches)
-    };
-    Box::pin(RecordBatchStreamAdapter::new(
-        output_schema,
-        stream::once(started).try_flatten(),
-    ))
+        let batches: SendableRecordBatchStream =
+            Box::pin(RecordBatchStreamAdapter::new(batches_schema, batches));
+        Ok(batches)
+    })
 }

@@ -17,12 +17,16 @@ mod graph;
 mod local;
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::future::BoxFuture;
+use futures::{TryStreamExt, stream};
 
 pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
 pub use local::{LocalRunner, spawn_stream};
@@ -45,4 +49,16 @@ pub trait JobRunner: Debug + Send + Sync {
     fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
         Box::pin(async { None })
     }
+}
+
+/// A stream of `schema` that runs `start` on its first poll and then yields what `start` returned:
+/// how a runner stays lazy while the thing it runs on (a driver, a cluster) starts on first use.
+pub fn lazy_stream<F>(schema: SchemaRef, start: F) -> SendableRecordBatchStream
+where
+    F: Future<Output = Result<SendableRecordBatchStream>> + Send + 'static,
+{
+    Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        stream::once(start).try_flatten(),
+    ))
 }

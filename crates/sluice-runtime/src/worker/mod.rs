@@ -191,6 +191,7 @@ impl Worker {
     /// Starts one task attempt on the task runtime.
     pub fn run_task(&self, definition: TaskDefinition) -> Result<()> {
         let key = definition.attempt;
+        let handle = task_runtime()?;
         let finished = Arc::new(AtomicBool::new(false));
         {
             let mut tasks = self.shared.tasks_lock()?;
@@ -208,7 +209,6 @@ impl Worker {
                 },
             );
         }
-        let handle = task_runtime()?;
         let attempt = attempt::run_attempt(Arc::clone(&self.shared), definition, finished);
         let abort = {
             let mut attempts = self.attempts_lock()?;
@@ -251,8 +251,11 @@ impl Worker {
             };
             shared.report(report).await;
         };
-        // The report goes out from the caller's (control) runtime, owned by the attempt set.
-        self.attempts_lock()?.spawn(report);
+        // The report goes out from the caller's (control) runtime, owned by the attempt set. Every
+        // caller runs on one; without it there is nobody to report to.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.attempts_lock()?.spawn_on(report, &runtime);
+        }
         Ok(())
     }
 
