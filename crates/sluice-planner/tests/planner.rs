@@ -250,7 +250,7 @@ async fn recursive_queries_run_whole_on_the_driver() {
 }
 
 #[tokio::test]
-async fn unshippable_nodes_are_rejected_with_the_setting_that_avoids_them() {
+async fn window_top_n_runs_in_the_stage_after_its_repartition() {
     let ctx = context(&[("datafusion.optimizer.enable_window_topn", "true")]);
     let p = plan(
         &ctx,
@@ -260,12 +260,40 @@ async fn unshippable_nodes_are_rejected_with_the_setting_that_avoids_them() {
     if !text(&p).contains("PartitionedTopKExec") {
         panic!("expected a PartitionedTopKExec:\n{}", text(&p));
     }
-    let error = JobGraph::try_new(p).unwrap_err().to_string();
-    assert!(error.contains("PartitionedTopKExec"), "{error}");
-    assert!(
-        error.contains("datafusion.optimizer.enable_window_topn = false"),
-        "{error}"
-    );
+    let g = JobGraph::try_new(p).unwrap();
+    let topk = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("PartitionedTopKExec"))
+        .unwrap();
+    assert_eq!(topk.placement, TaskPlacement::Worker);
+    // It reads the hash repartition on the window's partition key: every key's rows in one task.
+    assert_eq!(topk.inputs.len(), 1);
+    assert_eq!(topk.inputs[0].mode, InputMode::Shuffle);
+    let producer = g.stage(topk.inputs[0].stage).unwrap();
+    assert_eq!(producer.distribution.kind(), "Hash");
+}
+
+#[tokio::test]
+async fn a_piecewise_merge_left_join_reads_one_streamed_partition_and_broadcasts_its_buffer() {
+    let ctx = context(&[("datafusion.optimizer.enable_piecewise_merge_join", "true")]);
+    let p = plan(
+        &ctx,
+        "select big.a, other.a from big left join big other on big.a < other.b",
+    )
+    .await;
+    if !text(&p).contains("PiecewiseMergeJoin") {
+        panic!("expected a PiecewiseMergeJoinExec:\n{}", text(&p));
+    }
+    let g = JobGraph::try_new(p).unwrap();
+    let join = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("PiecewiseMergeJoin"))
+        .unwrap();
+    // One task sees every streamed row, so it alone decides which buffered rows found no match.
+    assert_eq!(join.partitions(), 1, "{}", text(&join.plan));
+    assert_eq!(join.inputs.len(), 2, "{:?}", join.inputs);
 }
 
 /// A custom node that declares itself unsupported through the extension point.

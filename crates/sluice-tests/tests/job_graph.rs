@@ -174,6 +174,29 @@ async fn nested_loop_left_join_gets_a_single_probe_partition() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piecewise_merge_left_join_runs_as_one_partition() {
+    const PWMJ: &[(&str, &str)] = &[("datafusion.optimizer.enable_piecewise_merge_join", "true")];
+    // Nation is buffered; orders (4 files) streams in 4 partitions.
+    let sql = "select n_name, count(o_orderkey) as c from nation left join orders \
+               on n_nationkey * 1000 > o_orderkey group by n_name order by n_name";
+    // The reference is local mode without the (experimental) piecewise merge join: DataFusion 55's
+    // own single-process run of it counts `target_partitions` streamed partitions where the
+    // streamed side has fewer, and then never emits the unmatched rows either.
+    let local = session(ExecutionMode::Local, &[]).await;
+    let graph_and_runner = graph_session(PWMJ).await;
+    let graph = &graph_and_runner.0;
+    let plan = physical_plan(graph, sql).await;
+    let text = displayable(plan.as_ref()).indent(false).to_string();
+    assert!(text.contains("PiecewiseMergeJoin"), "{text}");
+    let expected = rows(&local, sql).await;
+    assert_eq!(expected.len(), 25);
+    assert_eq!(rows(graph, sql).await, expected);
+    // Without the rewrite no task is the last of its instance: unmatched nations go missing.
+    let wrong = run_graph(&graph_and_runner, plan, false).await;
+    assert_ne!(wrong, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_limit_over_several_partitions_reads_one() {
     let graph = graph_session(&[]).await;
     // A hand-built plan: DataFusion itself would have coalesced below the limit.
