@@ -20,11 +20,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use sluice_engine::config::FlightCompression;
 use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
+use sluice_engine::config::{ExchangeMode, FlightCompression};
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
-use crate::commands::{ConfigArgs, DemoArgs, ExplainArgs, SltArgs, SqlArgs, TpchCommand};
+use crate::commands::{
+    ConfigArgs, DemoArgs, ExplainArgs, SltArgs, SqlArgs, TpchCommand, WorkerArgs,
+};
 
 /// Sluice: a distributed SQL query engine on Apache DataFusion.
 #[derive(Debug, Parser)]
@@ -43,12 +45,24 @@ struct GlobalArgs {
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
-    /// this process), local-cluster (a driver and workers over gRPC and Arrow Flight on loopback).
+    /// this process), local-cluster (a driver and workers over gRPC and Arrow Flight on loopback),
+    /// cluster (the driver here, workers in processes of their own).
     #[arg(long, global = true, value_name = "MODE")]
     mode: Option<ExecutionMode>,
-    /// Workers of a local cluster (default 4).
+    /// Workers of a local cluster (default 4), or worker processes to start in cluster mode
+    /// (default 2; 0 with --min-workers waits for workers started elsewhere).
     #[arg(long, global = true, value_name = "N", value_parser = parse_workers_flag)]
     workers: Option<usize>,
+    /// How stage outputs move between stages: pipelined (default) or blocking (files, re-read by a
+    /// retried consumer).
+    #[arg(long, global = true, value_name = "MODE")]
+    exchange: Option<ExchangeMode>,
+    /// Cluster mode: where the driver listens for workers (default 127.0.0.1 on a free port).
+    #[arg(long, global = true, value_name = "ADDR")]
+    driver_listen: Option<String>,
+    /// Cluster mode: workers that must have joined before the first query runs (default: --workers).
+    #[arg(long, global = true, value_name = "N")]
+    min_workers: Option<usize>,
     /// Arrow IPC compression between workers: none (default), lz4 or zstd.
     #[arg(long, global = true, value_name = "CODEC")]
     flight_compression: Option<FlightCompression>,
@@ -75,6 +89,8 @@ enum Command {
     Slt(SltArgs),
     /// Print the effective configuration and where each value came from.
     Config(ConfigArgs),
+    /// Run a worker: register with a driver, run its tasks, serve their streams.
+    Worker(WorkerArgs),
 }
 
 impl GlobalArgs {
@@ -106,6 +122,9 @@ impl GlobalArgs {
             memory_limit,
             workers: self.workers,
             flight_compression: self.flight_compression,
+            exchange: self.exchange,
+            driver_listen: self.driver_listen.clone(),
+            min_workers: self.min_workers,
             session,
         };
         config.apply(flags, "command line")?;
@@ -114,7 +133,9 @@ impl GlobalArgs {
 }
 
 fn parse_workers_flag(text: &str) -> Result<usize, String> {
-    sluice_engine::config::parse_workers(text)
+    text.trim()
+        .parse::<usize>()
+        .map_err(|_| format!("'{text}' is not a number of workers"))
 }
 
 /// Prints a command-line parsing outcome. `--help` and `--version` succeed; a bad flag or value exits

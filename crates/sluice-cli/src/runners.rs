@@ -4,26 +4,73 @@
 use std::sync::Arc;
 
 use datafusion::arrow::ipc::CompressionType;
-use sluice_cluster::LocalClusterRunner;
+use sluice_cluster::{
+    ClusterOptions, LocalClusterRunner, ProcessClusterOptions, ProcessClusterRunner,
+};
 use sluice_engine::config::FlightCompression;
 use sluice_engine::{ExecutionMode, SluiceConfig};
-use sluice_runtime::{JobRunner, LocalGraphRunner, LocalRunner};
+use sluice_runtime::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner, WorkerOptions};
 use sluice_slt::RunnerFactory;
 
-/// The runner for `config`'s mode (`workers` and `flight_compression` size a local cluster).
+/// Worker processes `--mode cluster` starts unless `--workers` says otherwise.
+pub const DEFAULT_CLUSTER_WORKERS: usize = 2;
+
+/// The runner for `config`'s mode (`workers`, `exchange`, `memory_limit` and
+/// `flight_compression` shape a cluster).
 pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
+    let exchange = config.exchange.value.output_mode();
+    let compression = compression_of(config.flight_compression.value);
     match config.mode.value {
         ExecutionMode::Local => Arc::new(LocalRunner),
-        ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner::default()),
-        ExecutionMode::LocalCluster => {
-            let compression = match config.flight_compression.value {
-                FlightCompression::None => None,
-                FlightCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
-                FlightCompression::Zstd => Some(CompressionType::ZSTD),
+        ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner::with_options(LocalGraphOptions {
+            exchange,
+            ..LocalGraphOptions::default()
+        })),
+        ExecutionMode::LocalCluster => Arc::new(LocalClusterRunner::with_options(ClusterOptions {
+            workers: config.workers.value,
+            compression,
+            exchange,
+            worker: WorkerOptions {
+                memory_limit: worker_memory_limit(config),
+                ..WorkerOptions::default()
+            },
+            ..ClusterOptions::default()
+        })),
+        ExecutionMode::Cluster => {
+            let workers = if config.workers.source == "default" {
+                DEFAULT_CLUSTER_WORKERS
+            } else {
+                config.workers.value
             };
-            Arc::new(LocalClusterRunner::new(config.workers.value, compression))
+            let executable = std::env::current_exe().unwrap_or_else(|_| "sluice".into());
+            let mut options = ProcessClusterOptions::new(executable, workers);
+            options.min_workers = config.min_workers.value.unwrap_or(workers);
+            if let Some(listen) = &config.driver_listen.value {
+                options.driver_listen = listen.clone();
+            }
+            options.memory_limit = config.memory_limit.value.map(|size| size.0);
+            options.compression = compression;
+            options.exchange = exchange;
+            Arc::new(ProcessClusterRunner::new(options))
         }
     }
+}
+
+/// The Arrow IPC compression `compression` names.
+pub fn compression_of(compression: FlightCompression) -> Option<CompressionType> {
+    match compression {
+        FlightCompression::None => None,
+        FlightCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
+        FlightCompression::Zstd => Some(CompressionType::ZSTD),
+    }
+}
+
+/// Each worker's memory pool: the configured limit (saturating on 32-bit machines).
+fn worker_memory_limit(config: &SluiceConfig) -> Option<usize> {
+    config
+        .memory_limit
+        .value
+        .map(|size| usize::try_from(size.0).unwrap_or(usize::MAX))
 }
 
 /// [`runner_for`] as the SQL logic test runner takes it (a fresh runner per file's session).

@@ -344,7 +344,7 @@ fn bad_tpch_arguments_are_clear_errors() {
 #[test]
 fn bad_flag_values_exit_1_like_other_bad_input() {
     for args in [
-        &["--workers", "0", "config"][..],
+        &["--workers", "two", "config"][..],
         &["--mode", "cluster-of-dreams", "config"],
         &["--flight-compression", "gzip", "config"],
         &["config", "--no-such-flag"],
@@ -357,6 +357,18 @@ fn bad_flag_values_exit_1_like_other_bad_input() {
     }
     let help = run(&["--help"]);
     assert!(help.status.success());
+    // Zero workers is a cluster waiting for external ones; an in-process cluster needs one.
+    assert_clear_error(
+        &[
+            "--mode",
+            "local-cluster",
+            "--workers",
+            "0",
+            "sql",
+            "select 1",
+        ],
+        &["at least one worker"],
+    );
 }
 
 #[test]

@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status};
 
 use crate::client::GrpcWorkerClient;
 use crate::flight::{FlightFetcher, StreamFlightService};
-use crate::net::{bind_loopback, incoming};
+use crate::net::{bind, incoming};
 use crate::proto;
 use crate::proto::driver_service_server::{DriverService, DriverServiceServer};
 use crate::wire::report_from_proto;
@@ -46,13 +46,23 @@ impl ClusterDriver {
         executor_options: WorkerOptions,
         compression: Option<CompressionType>,
     ) -> Result<Self> {
-        let (listener, address) = bind_loopback("the driver").await?;
+        Self::start_on("127.0.0.1:0", options, executor_options, compression).await
+    }
+
+    /// Starts a driver listening on `listen` (`host:port`, port 0 picks one).
+    pub async fn start_on(
+        listen: &str,
+        options: DriverOptions,
+        executor_options: WorkerOptions,
+        compression: Option<CompressionType>,
+    ) -> Result<Self> {
+        let (listener, address) = bind("the driver", listen).await?;
         let executor = Worker::new(
             "the driver",
             address.clone(),
             executor_options,
             Arc::new(FlightFetcher),
-        );
+        )?;
         let driver = Driver::start(
             options,
             ExecutorEndpoint {
@@ -143,10 +153,27 @@ impl DriverService for DriverEndpoint {
         &self,
         request: Request<proto::HeartbeatRequest>,
     ) -> Result<Response<proto::HeartbeatResponse>, Status> {
-        self.driver
-            .heartbeat(WorkerId(request.into_inner().worker_id))
+        let registered = self
+            .driver
+            .heartbeat_checked(WorkerId(request.into_inner().worker_id))
+            .await
             .map_err(shutting_down)?;
-        Ok(Response::new(proto::HeartbeatResponse {}))
+        Ok(Response::new(proto::HeartbeatResponse { registered }))
+    }
+
+    async fn deregister_worker(
+        &self,
+        request: Request<proto::DeregisterWorkerRequest>,
+    ) -> Result<Response<proto::DeregisterWorkerResponse>, Status> {
+        let request = request.into_inner();
+        let worker = WorkerId(request.worker_id);
+        let sent = if request.drain {
+            self.driver.drain(worker)
+        } else {
+            self.driver.deregister(worker)
+        };
+        sent.map_err(shutting_down)?;
+        Ok(Response::new(proto::DeregisterWorkerResponse {}))
     }
 
     async fn report_task_status(

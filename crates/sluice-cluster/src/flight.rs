@@ -42,7 +42,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::flight_ipc::encode_stream;
 use crate::net::endpoint;
-use crate::wire::{from_status, stream_from_ticket, stream_to_proto, to_status};
+use crate::wire::{from_status_at, stream_from_ticket, stream_to_proto, to_status};
 
 type BoxedStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send + 'static>>;
 
@@ -210,13 +210,13 @@ impl StreamFetcher for FlightFetcher {
             let response = client
                 .do_get(ticket)
                 .await
-                .map_err(|status| read_error(&status, &what))?;
+                .map_err(|status| read_error(&status, &what, &address))?;
             let data = response
                 .into_inner()
                 .map_err(|status| FlightError::Tonic(Box::new(status)));
             let batches =
                 FlightRecordBatchStream::new_from_flight_data(data).map_err(move |e| match e {
-                    FlightError::Tonic(status) => read_error(&status, &what),
+                    FlightError::Tonic(status) => read_error(&status, &what, &address),
                     other => sluice_runtime::error::transport_error(format!("{what}: {other}")),
                 });
             Ok::<_, DataFusionError>(batches)
@@ -228,8 +228,8 @@ impl StreamFetcher for FlightFetcher {
     }
 }
 
-fn read_error(status: &Status, what: &str) -> DataFusionError {
-    from_status(status, what).to_error()
+fn read_error(status: &Status, what: &str, address: &str) -> DataFusionError {
+    from_status_at(status, what, address).to_error()
 }
 
 #[cfg(test)]

@@ -16,8 +16,9 @@
 //! protobuf, error kinds to and from status codes), `client` (the driver's `WorkerClient` over
 //! gRPC), `flight` (the Flight service over a stream store and the `StreamFetcher` over Flight), `flight_ipc`
 //! (the stream's Arrow IPC encoding),
-//! `worker_server` and `driver_server` (the services), `net` (loopback listening and connecting),
-//! [`LocalCluster`] and [`LocalClusterRunner`].
+//! `worker_server` and `driver_server` (the services), `net` (listening and connecting),
+//! [`LocalCluster`] and [`LocalClusterRunner`] (in-process), [`ProcessCluster`],
+//! [`ProcessClusterRunner`] and `worker_process` (`sluice worker`: separate processes).
 
 pub mod proto;
 
@@ -27,9 +28,15 @@ mod flight;
 mod flight_ipc;
 mod local_cluster;
 mod net;
+mod process_cluster;
 mod runner;
 mod wire;
+mod worker_process;
 mod worker_server;
 
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
-pub use runner::LocalClusterRunner;
+pub use process_cluster::{ProcessCluster, ProcessClusterOptions};
+pub use runner::{LocalClusterRunner, ProcessClusterRunner};
+pub use worker_process::{
+    StopRequest, WorkerExit, WorkerProcessOptions, default_work_dir, run_worker_process,
+};

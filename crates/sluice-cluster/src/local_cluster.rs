@@ -10,7 +10,7 @@ use std::time::Duration;
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use sluice_planner::JobGraph;
+use sluice_planner::{JobGraph, OutputMode};
 use sluice_runtime::{DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 use std::sync::Arc;
 
@@ -30,6 +30,8 @@ pub struct ClusterOptions {
     pub compression: Option<CompressionType>,
     /// How often workers send a heartbeat.
     pub heartbeat_interval: Duration,
+    /// The output mode of every exchange.
+    pub exchange: OutputMode,
 }
 
 impl Default for ClusterOptions {
@@ -40,6 +42,7 @@ impl Default for ClusterOptions {
             driver: DriverOptions::default(),
             compression: None,
             heartbeat_interval: Duration::from_secs(2),
+            exchange: OutputMode::Pipelined,
         }
     }
 }
@@ -107,7 +110,11 @@ impl LocalCluster {
             )
             .await?;
             worker
-                .join(driver.address(), options.heartbeat_interval)
+                .join(
+                    driver.address(),
+                    options.heartbeat_interval,
+                    options.driver.heartbeat_timeout * 3,
+                )
                 .await?;
             workers.push(worker);
         }
@@ -117,6 +124,11 @@ impl LocalCluster {
     /// Number of workers.
     pub fn workers(&self) -> usize {
         self.workers.len()
+    }
+
+    /// Lines for the user since the last call (lost workers, retried regions).
+    pub async fn take_notices(&self) -> Result<Vec<String>> {
+        self.driver.driver().take_notices().await
     }
 
     /// Runs `graph` on the cluster; the stream is lazy and cancels the job when dropped.

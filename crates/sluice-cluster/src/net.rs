@@ -1,5 +1,5 @@
-//! Loopback networking shared by the driver and the workers: listening on an ephemeral port, serving
-//! tonic on it, and connecting to a `host:port`.
+//! Networking shared by the driver and the workers: listening on a `host:port` (port 0 picks one),
+//! serving tonic on it, and connecting to a `host:port`.
 //!
 //! Invariant: every failure names the address it concerns.
 
@@ -8,16 +8,14 @@ use tokio::net::TcpListener;
 use tonic::transport::Endpoint;
 use tonic::transport::server::TcpIncoming;
 
-/// A listener on `127.0.0.1` at an ephemeral port, and its `host:port`.
-pub(crate) async fn bind_loopback(what: &str) -> Result<(TcpListener, String)> {
+/// A listener on `address` (`host:port`; port 0 picks one), and the `host:port` it got.
+pub(crate) async fn bind(what: &str, address: &str) -> Result<(TcpListener, String)> {
     let listen_error = |e: std::io::Error| {
-        DataFusionError::Execution(format!("{what} cannot listen on 127.0.0.1: {e}"))
+        DataFusionError::Execution(format!("{what} cannot listen on {address}: {e}"))
     };
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(listen_error)?;
-    let address = listener.local_addr().map_err(listen_error)?.to_string();
-    Ok((listener, address))
+    let listener = TcpListener::bind(address).await.map_err(listen_error)?;
+    let bound = listener.local_addr().map_err(listen_error)?.to_string();
+    Ok((listener, bound))
 }
 
 /// The connections tonic serves from `listener` (no Nagle delay).

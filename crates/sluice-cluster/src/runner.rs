@@ -1,6 +1,7 @@
-//! Local-cluster mode: the plan is cut into a job graph and run by a driver and N workers in this
-//! process, which talk only through tonic gRPC and Arrow Flight on loopback — the wire path separate
-//! processes use. The cluster starts on the first query and serves every later query of the session.
+//! The cluster runners. Local-cluster mode: the plan is cut into a job graph and run by a driver and
+//! N workers in this process, which talk only through tonic gRPC and Arrow Flight on loopback — the
+//! wire path separate processes use. Cluster mode: the same driver, with its workers in processes of
+//! their own. Either cluster starts on the first query and serves every later query of the session.
 
 use std::sync::Arc;
 
@@ -9,14 +10,15 @@ use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::future::BoxFuture;
-use sluice_planner::JobGraph;
+use sluice_planner::{JobGraph, JobGraphOptions};
 use sluice_runtime::JobRunner;
-use sluice_runtime::codec::distributed_graph_options;
+use sluice_runtime::codec::distributed_graph_options_with;
 use sluice_runtime::driver::progress_line;
 use sluice_runtime::runner::lazy_stream;
 use tokio::sync::OnceCell;
 
 use crate::local_cluster::{ClusterOptions, LocalCluster};
+use crate::process_cluster::{ProcessCluster, ProcessClusterOptions};
 
 /// Runs plans as job graphs on a local cluster.
 #[derive(Debug, Clone)]
@@ -63,7 +65,7 @@ impl JobRunner for LocalClusterRunner {
         plan: Arc<dyn ExecutionPlan>,
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let graph = JobGraph::try_new_with(plan, &distributed_graph_options())?;
+        let graph = JobGraph::try_new_with(plan, &self.graph_options())?;
         let schema = graph.schema().clone();
         let runner = self.clone();
         Ok(lazy_stream(schema, async move {
@@ -72,11 +74,93 @@ impl JobRunner for LocalClusterRunner {
         }))
     }
 
+    fn graph_options(&self) -> JobGraphOptions {
+        distributed_graph_options_with(self.options.exchange)
+    }
+
     fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
         let cell = Arc::clone(&self.cluster);
         Box::pin(async move {
             let jobs = cell.get()?.progress().await.ok()?;
             progress_line(&jobs)
+        })
+    }
+
+    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
+        let cell = Arc::clone(&self.cluster);
+        Box::pin(async move {
+            match cell.get() {
+                Some(cluster) => cluster.take_notices().await.unwrap_or_default(),
+                None => Vec::new(),
+            }
+        })
+    }
+}
+
+/// Runs plans as job graphs on a cluster of processes (`--mode cluster`): the driver in this
+/// process, workers in processes it starts (and any that join it).
+#[derive(Debug, Clone)]
+pub struct ProcessClusterRunner {
+    options: ProcessClusterOptions,
+    cluster: Arc<OnceCell<ProcessCluster>>,
+}
+
+impl ProcessClusterRunner {
+    /// A runner whose cluster starts on first use.
+    pub fn new(options: ProcessClusterOptions) -> Self {
+        Self {
+            options,
+            cluster: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// The cluster, starting it if this is the first use.
+    pub async fn cluster(&self) -> Result<&ProcessCluster> {
+        let options = self.options.clone();
+        self.cluster
+            .get_or_try_init(|| ProcessCluster::start(options))
+            .await
+    }
+}
+
+impl JobRunner for ProcessClusterRunner {
+    fn mode_name(&self) -> &'static str {
+        "cluster"
+    }
+
+    fn execute(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        task_ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let graph = JobGraph::try_new_with(plan, &self.graph_options())?;
+        let schema = graph.schema().clone();
+        let runner = self.clone();
+        Ok(lazy_stream(schema, async move {
+            let cluster = runner.cluster().await?;
+            Ok(cluster.execute(graph, task_ctx))
+        }))
+    }
+
+    fn graph_options(&self) -> JobGraphOptions {
+        distributed_graph_options_with(self.options.exchange)
+    }
+
+    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
+        let cell = Arc::clone(&self.cluster);
+        Box::pin(async move {
+            let jobs = cell.get()?.progress().await.ok()?;
+            progress_line(&jobs)
+        })
+    }
+
+    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
+        let cell = Arc::clone(&self.cluster);
+        Box::pin(async move {
+            match cell.get() {
+                Some(cluster) => cluster.take_notices().await.unwrap_or_default(),
+                None => Vec::new(),
+            }
         })
     }
 }

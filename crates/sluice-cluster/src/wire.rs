@@ -293,6 +293,7 @@ pub(crate) fn error_to_proto(error: &RemoteError) -> proto::TaskError {
         contexts: error.contexts.clone(),
         root: error.root.clone(),
         message: error.message.clone(),
+        peer: error.peer.clone().unwrap_or_default(),
     }
 }
 
@@ -302,6 +303,7 @@ pub(crate) fn error_from_proto(error: &proto::TaskError) -> RemoteError {
         contexts: error.contexts.clone(),
         root: error.root.clone(),
         message: error.message.clone(),
+        peer: (!error.peer.is_empty()).then(|| error.peer.clone()),
     }
 }
 
@@ -414,6 +416,23 @@ pub(crate) fn from_status(status: &tonic::Status, what: &str) -> RemoteError {
             format!("{what}: {}", status.message()),
         ),
     }
+}
+
+/// [`from_status`] for a call to the worker at `peer`: a transport failure that did not come from
+/// a Sluice error on the other side (the connection failed, not the worker) names `peer` as
+/// unreachable, evidence for the driver that it is gone.
+pub(crate) fn from_status_at(status: &tonic::Status, what: &str, peer: &str) -> RemoteError {
+    let mut error = from_status(status, what);
+    if error.kind == ErrorKind::Transport
+        && error.root == "sluice.transport"
+        && error.peer.is_none()
+    {
+        let answered = proto::TaskError::decode(status.details()).is_ok_and(|e| !e.root.is_empty());
+        if !answered {
+            error.peer = Some(peer.to_string());
+        }
+    }
+    error
 }
 
 #[cfg(test)]

@@ -6,14 +6,19 @@
 //!   RunTask(bytes) ─► wire::decode_definition ─► Worker::run_task ─► (task runtime)
 //!   StopTask / ReleaseOutput / CleanUpJob ─► Worker
 //!   DoGet(TaskStreamKey) ─► the worker's StreamStore
-//!   task reports ─► ReportTaskStatus (DriverService)      heartbeat every interval ─► Heartbeat
+//!   task reports ─► ReportTaskStatus (DriverService)
+//!   every heartbeat interval ─► Heartbeat; no answer for the driver timeout ─► departure
+//!                               (the process exits); "not registered" ─► departure (the
+//!                               process drops its tasks and streams and joins again)
 //! ```
 //!
-//! Invariant: a malformed request gets `InvalidArgument` naming what was wrong; nothing a request
-//! carries can stop the worker from serving the next one.
+//! Invariants: a malformed request gets `InvalidArgument` naming what was wrong; nothing a request
+//! carries can stop the worker from serving the next one; a draining worker refuses new tasks with
+//! `FailedPrecondition` (an answer, so the driver places them elsewhere) and finishes the others.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::runtime::SpawnedTask;
@@ -24,19 +29,35 @@ use sluice_planner::WorkerId;
 use sluice_runtime::transport::StatusReporter;
 use sluice_runtime::{TaskStatusReport, Worker, WorkerOptions};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
 use crate::flight::{FlightFetcher, StreamFlightService};
-use crate::net::{bind_loopback, endpoint, incoming};
+use crate::net::{bind, endpoint, incoming};
 use crate::proto;
 use crate::proto::driver_service_client::DriverServiceClient;
 use crate::proto::worker_service_server::{WorkerService, WorkerServiceServer};
 use crate::wire::{attempt_from_proto, decode_definition, report_to_proto, to_status, to_u32};
 
+/// Why a worker's connection to its driver ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Departure {
+    /// Still serving.
+    Serving,
+    /// No heartbeat was answered for this long.
+    DriverLost(Duration),
+    /// The driver answered that it no longer counts this worker.
+    Dropped,
+}
+
 /// A worker serving on its own address; dropping it stops its server, its heartbeats and its tasks.
 pub(crate) struct WorkerServer {
     worker: Worker,
+    draining: Arc<AtomicBool>,
+    joined: Option<(WorkerId, DriverServiceClient<Channel>)>,
+    departure: watch::Receiver<Departure>,
+    departure_tx: Arc<watch::Sender<Departure>>,
     _server: SpawnedTask<()>,
     _heartbeats: Option<SpawnedTask<()>>,
 }
@@ -48,11 +69,30 @@ impl WorkerServer {
         options: WorkerOptions,
         compression: Option<CompressionType>,
     ) -> Result<Self> {
-        let (listener, address) = bind_loopback(&name).await?;
-        let worker = Worker::new(name, address, options, Arc::new(FlightFetcher));
-        let server = serve_worker(listener, worker.clone(), compression);
+        Self::start_on(name, "127.0.0.1:0", None, options, compression).await
+    }
+
+    /// Starts a worker listening on `listen`; it registers as `advertise` (default: the address it
+    /// got), where the driver and other workers reach it.
+    pub async fn start_on(
+        name: String,
+        listen: &str,
+        advertise: Option<String>,
+        options: WorkerOptions,
+        compression: Option<CompressionType>,
+    ) -> Result<Self> {
+        let (listener, bound) = bind(&name, listen).await?;
+        let address = advertise.unwrap_or(bound);
+        let worker = Worker::new(name, address, options, Arc::new(FlightFetcher))?;
+        let draining = Arc::new(AtomicBool::new(false));
+        let server = serve_worker(listener, worker.clone(), draining.clone(), compression);
+        let (departure_tx, departure) = watch::channel(Departure::Serving);
         Ok(Self {
             worker,
+            draining,
+            joined: None,
+            departure,
+            departure_tx: Arc::new(departure_tx),
             _server: server,
             _heartbeats: None,
         })
@@ -63,8 +103,15 @@ impl WorkerServer {
         &self.worker
     }
 
-    /// Registers with the driver at `driver_address`, then reports and sends heartbeats there.
-    pub async fn join(&mut self, driver_address: &str, heartbeat: Duration) -> Result<WorkerId> {
+    /// Registers with the driver at `driver_address`, then reports there and sends a heartbeat
+    /// every `heartbeat`; when none is answered for `driver_timeout` (or the driver drops this
+    /// worker), [`Self::departure`] says so. Joining again (after a drop) registers afresh.
+    pub async fn join(
+        &mut self,
+        driver_address: &str,
+        heartbeat: Duration,
+        driver_timeout: Duration,
+    ) -> Result<WorkerId> {
         let channel = endpoint(driver_address)?.connect().await.map_err(|e| {
             sluice_runtime::error::transport_error(format!(
                 "{} cannot reach the driver at {driver_address}: {e}",
@@ -89,17 +136,89 @@ impl WorkerServer {
         let id = WorkerId(response.into_inner().worker_id);
         self.worker
             .set_reporter(id, Arc::new(RemoteReporter(client.clone())))?;
-        let mut beat = client;
-        self._heartbeats = Some(SpawnedTask::spawn(async move {
-            let mut interval = tokio::time::interval(heartbeat);
-            loop {
-                interval.tick().await;
-                let _ = beat
-                    .heartbeat(proto::HeartbeatRequest { worker_id: id.0 })
-                    .await;
-            }
-        }));
+        self.joined = Some((id, client.clone()));
+        self.departure_tx.send_replace(Departure::Serving);
+        let departure = Arc::clone(&self.departure_tx);
+        self._heartbeats = Some(SpawnedTask::spawn(beat(
+            client,
+            id,
+            heartbeat,
+            driver_timeout,
+            departure,
+        )));
         Ok(id)
+    }
+
+    /// Changes when the connection to the driver ends (see [`Departure`]).
+    pub fn departure(&self) -> watch::Receiver<Departure> {
+        self.departure.clone()
+    }
+
+    /// Drains: refuses new tasks, tells the driver, waits (at most `grace`) until no task runs
+    /// and no job's streams are held here, then leaves the driver. `false` when the grace ran out.
+    pub async fn drain(&self, grace: Duration) -> bool {
+        self.draining.store(true, Ordering::SeqCst);
+        let Some((id, client)) = &self.joined else {
+            return true;
+        };
+        let _ = client
+            .clone()
+            .deregister_worker(proto::DeregisterWorkerRequest {
+                worker_id: id.0,
+                drain: true,
+            })
+            .await;
+        let deadline = Instant::now() + grace;
+        let mut done = false;
+        while Instant::now() < deadline {
+            let (running, store) = self.worker.counts();
+            if running == 0 && store.outputs == 0 {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = client
+            .clone()
+            .deregister_worker(proto::DeregisterWorkerRequest {
+                worker_id: id.0,
+                drain: false,
+            })
+            .await;
+        done
+    }
+}
+
+/// Sends heartbeats until the driver is lost or drops this worker, then says why.
+async fn beat(
+    mut client: DriverServiceClient<Channel>,
+    id: WorkerId,
+    interval: Duration,
+    driver_timeout: Duration,
+    departure: Arc<watch::Sender<Departure>>,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    let mut last_answer = Instant::now();
+    loop {
+        ticks.tick().await;
+        let request = proto::HeartbeatRequest { worker_id: id.0 };
+        match tokio::time::timeout(
+            interval.max(Duration::from_millis(100)),
+            client.heartbeat(request),
+        )
+        .await
+        {
+            Ok(Ok(response)) if response.get_ref().registered => last_answer = Instant::now(),
+            Ok(Ok(_)) => {
+                let _ = departure.send(Departure::Dropped);
+                return;
+            }
+            _ if last_answer.elapsed() > driver_timeout => {
+                let _ = departure.send(Departure::DriverLost(last_answer.elapsed()));
+                return;
+            }
+            _ => {}
+        }
     }
 }
 
@@ -107,10 +226,11 @@ impl WorkerServer {
 fn serve_worker(
     listener: TcpListener,
     worker: Worker,
+    draining: Arc<AtomicBool>,
     compression: Option<CompressionType>,
 ) -> SpawnedTask<()> {
     let flight = StreamFlightService::new(Arc::clone(worker.store()), compression);
-    let service = WorkerServiceServer::new(WorkerEndpoint { worker })
+    let service = WorkerServiceServer::new(WorkerEndpoint { worker, draining })
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
     SpawnedTask::spawn(async move {
@@ -142,6 +262,7 @@ impl StatusReporter for RemoteReporter {
 
 struct WorkerEndpoint {
     worker: Worker,
+    draining: Arc<AtomicBool>,
 }
 
 #[tonic::async_trait]
@@ -150,6 +271,12 @@ impl WorkerService for WorkerEndpoint {
         &self,
         request: Request<proto::RunTaskRequest>,
     ) -> Result<Response<proto::RunTaskResponse>, Status> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Status::failed_precondition(format!(
+                "{} is draining and takes no new task",
+                self.worker.name()
+            )));
+        }
         let bytes = request.into_inner().task;
         let definition = decode_definition(&bytes, self.worker.function_context())
             .map_err(|e| Status::invalid_argument(format!("{}: {e}", self.worker.name())))?;

@@ -30,6 +30,9 @@ pub enum ExecutionMode {
     /// A driver and `workers` workers in this process, talking only through gRPC and Arrow Flight
     /// on loopback, exactly as separate processes do.
     LocalCluster,
+    /// The driver in this process and `workers` worker processes it starts (and any worker that
+    /// joins its address).
+    Cluster,
 }
 
 impl ExecutionMode {
@@ -38,6 +41,7 @@ impl ExecutionMode {
         ExecutionMode::Local,
         ExecutionMode::LocalGraph,
         ExecutionMode::LocalCluster,
+        ExecutionMode::Cluster,
     ];
 
     /// The name used on the command line and in config files.
@@ -46,6 +50,7 @@ impl ExecutionMode {
             ExecutionMode::Local => "local",
             ExecutionMode::LocalGraph => "local-graph",
             ExecutionMode::LocalCluster => "local-cluster",
+            ExecutionMode::Cluster => "cluster",
         }
     }
 
@@ -54,7 +59,7 @@ impl ExecutionMode {
     pub fn required_settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
             ExecutionMode::Local => &[],
-            ExecutionMode::LocalGraph | ExecutionMode::LocalCluster => {
+            ExecutionMode::LocalGraph | ExecutionMode::LocalCluster | ExecutionMode::Cluster => {
                 sluice_planner::DISTRIBUTED_SETTINGS
             }
         }
@@ -156,10 +161,16 @@ pub struct SluiceConfig {
     pub mode: Sourced<ExecutionMode>,
     /// Memory budget for query execution; `None` is unbounded.
     pub memory_limit: Sourced<Option<ByteSize>>,
-    /// Workers of a local cluster (`--mode local-cluster`).
+    /// Workers of a local cluster, or worker processes of a cluster (default 2 in `--mode cluster`).
     pub workers: Sourced<usize>,
     /// Compression of Arrow IPC on the Flight data plane.
     pub flight_compression: Sourced<FlightCompression>,
+    /// How stage outputs move between stages in the distributed modes.
+    pub exchange: Sourced<ExchangeMode>,
+    /// Cluster mode: where the driver listens for workers (`None`: 127.0.0.1, a free port).
+    pub driver_listen: Sourced<Option<String>>,
+    /// Cluster mode: workers that must have joined before the first query (`None`: `workers`).
+    pub min_workers: Sourced<Option<usize>>,
     /// DataFusion settings (`datafusion.*`), validated, by key.
     pub session: BTreeMap<String, Sourced<String>>,
 }
@@ -171,6 +182,9 @@ impl Default for SluiceConfig {
             memory_limit: Sourced::new(None, "default"),
             workers: Sourced::new(DEFAULT_WORKERS, "default"),
             flight_compression: Sourced::new(FlightCompression::None, "default"),
+            exchange: Sourced::new(ExchangeMode::Pipelined, "default"),
+            driver_listen: Sourced::new(None, "default"),
+            min_workers: Sourced::new(None, "default"),
             // `SHOW` and `information_schema` are what a data engineer reaches for first.
             session: BTreeMap::from([(
                 "datafusion.catalog.information_schema".to_string(),
@@ -191,6 +205,12 @@ pub struct ConfigLayer {
     pub workers: Option<usize>,
     /// `flight_compression`.
     pub flight_compression: Option<FlightCompression>,
+    /// `exchange`.
+    pub exchange: Option<ExchangeMode>,
+    /// `driver_listen`.
+    pub driver_listen: Option<String>,
+    /// `min_workers`.
+    pub min_workers: Option<usize>,
     /// DataFusion settings as `(key, value)`.
     pub session: Vec<(String, String)>,
 }
@@ -203,6 +223,9 @@ struct FileLayer {
     memory_limit: Option<String>,
     workers: Option<usize>,
     flight_compression: Option<String>,
+    exchange: Option<String>,
+    driver_listen: Option<String>,
+    min_workers: Option<usize>,
     #[serde(default)]
     session: BTreeMap<String, toml::Value>,
 }
@@ -214,16 +237,74 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SLUICE_MEMORY_LIMIT",
         "memory budget, e.g. 4G, or 'unlimited'",
     ),
-    ("SLUICE_WORKERS", "workers of a local cluster"),
+    (
+        "SLUICE_WORKERS",
+        "workers of a local cluster, or worker processes of a cluster",
+    ),
     (
         "SLUICE_FLIGHT_COMPRESSION",
         "Arrow IPC compression between workers: none, lz4 or zstd",
+    ),
+    (
+        "SLUICE_EXCHANGE",
+        "how stage outputs move between stages: pipelined or blocking",
+    ),
+    (
+        "SLUICE_DRIVER_LISTEN",
+        "cluster mode: where the driver listens for workers",
+    ),
+    (
+        "SLUICE_MIN_WORKERS",
+        "cluster mode: workers that must have joined before the first query",
     ),
     (
         "SLUICE_SET",
         "DataFusion settings, 'key=value' separated by commas",
     ),
 ];
+
+/// How stage outputs move to the stages that read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExchangeMode {
+    /// Read while written, producer and consumer scheduled together (the default).
+    #[default]
+    Pipelined,
+    /// Written to files in full first; a stage starts when its inputs are complete, and a failed
+    /// consumer re-reads them without recomputing its producers.
+    Blocking,
+}
+
+impl ExchangeMode {
+    /// The name used in config files and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeMode::Pipelined => "pipelined",
+            ExchangeMode::Blocking => "blocking",
+        }
+    }
+
+    /// The job graph's output mode of every stage that feeds another.
+    pub fn output_mode(self) -> sluice_planner::OutputMode {
+        match self {
+            ExchangeMode::Pipelined => sluice_planner::OutputMode::Pipelined,
+            ExchangeMode::Blocking => sluice_planner::OutputMode::Blocking,
+        }
+    }
+}
+
+impl FromStr for ExchangeMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "pipelined" => Ok(ExchangeMode::Pipelined),
+            "blocking" => Ok(ExchangeMode::Blocking),
+            other => Err(format!(
+                "unknown exchange '{other}' (known: pipelined, blocking)"
+            )),
+        }
+    }
+}
 
 /// Compression of Arrow IPC batches on the Flight data plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -327,11 +408,13 @@ impl ConfigLayer {
                 (key, value)
             })
             .collect();
-        if file.workers == Some(0) {
-            return Err(error("workers must be at least 1".to_string()));
-        }
         let flight_compression = file
             .flight_compression
+            .map(|c| c.parse())
+            .transpose()
+            .map_err(error)?;
+        let exchange = file
+            .exchange
             .map(|c| c.parse())
             .transpose()
             .map_err(error)?;
@@ -340,6 +423,9 @@ impl ConfigLayer {
             memory_limit,
             workers: file.workers,
             flight_compression,
+            exchange,
+            driver_listen: file.driver_listen,
+            min_workers: file.min_workers,
             session,
         })
     }
@@ -357,9 +443,21 @@ impl ConfigLayer {
             };
             match name.as_str() {
                 "SLUICE_MODE" => layer.mode = Some(value.parse().map_err(error)?),
-                "SLUICE_WORKERS" => layer.workers = Some(parse_workers(&value).map_err(error)?),
+                "SLUICE_WORKERS" => {
+                    layer.workers = Some(
+                        value
+                            .trim()
+                            .parse()
+                            .map_err(|_| error(format!("'{value}' is not a number of workers")))?,
+                    )
+                }
                 "SLUICE_FLIGHT_COMPRESSION" => {
                     layer.flight_compression = Some(value.parse().map_err(error)?)
+                }
+                "SLUICE_EXCHANGE" => layer.exchange = Some(value.parse().map_err(error)?),
+                "SLUICE_DRIVER_LISTEN" => layer.driver_listen = Some(value.clone()),
+                "SLUICE_MIN_WORKERS" => {
+                    layer.min_workers = Some(parse_workers(&value).map_err(error)?)
                 }
                 "SLUICE_MEMORY_LIMIT" => {
                     layer.memory_limit = Some(parse_memory_limit(&value).map_err(error)?)
@@ -396,6 +494,15 @@ impl SluiceConfig {
         }
         if let Some(compression) = layer.flight_compression {
             self.flight_compression = Sourced::new(compression, source);
+        }
+        if let Some(exchange) = layer.exchange {
+            self.exchange = Sourced::new(exchange, source);
+        }
+        if let Some(listen) = layer.driver_listen {
+            self.driver_listen = Sourced::new(Some(listen), source);
+        }
+        if let Some(min) = layer.min_workers {
+            self.min_workers = Sourced::new(Some(min), source);
         }
         for (key, value) in layer.session {
             validate_setting(&key, &value).map_err(|message| SluiceError::Config {
@@ -462,6 +569,26 @@ impl SluiceConfig {
             self.flight_compression.value.name(),
             self.flight_compression.source
         );
+        let _ = writeln!(
+            out,
+            "exchange = \"{}\"  # from {}",
+            self.exchange.value.name(),
+            self.exchange.source
+        );
+        if let Some(listen) = &self.driver_listen.value {
+            let _ = writeln!(
+                out,
+                "driver_listen = \"{listen}\"  # from {}",
+                self.driver_listen.source
+            );
+        }
+        if let Some(min) = self.min_workers.value {
+            let _ = writeln!(
+                out,
+                "min_workers = {min}  # from {}",
+                self.min_workers.source
+            );
+        }
         let _ = writeln!(out, "\n[session]");
         if all {
             let config = self.session_config()?;

@@ -255,10 +255,7 @@ impl SluiceSession {
         }
         let logical = state.statement_to_plan(statement).await?;
         let plan = state.create_physical_plan(&logical).await?;
-        Ok(JobGraph::try_new_with(
-            plan,
-            &sluice_runtime::codec::distributed_graph_options(),
-        )?)
+        Ok(JobGraph::try_new_with(plan, &self.runner.graph_options())?)
     }
 
     /// The job graph of `statement` as text or JSON. The statement is planned with the settings a

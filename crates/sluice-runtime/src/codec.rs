@@ -386,6 +386,14 @@ pub fn distributed_graph_options() -> JobGraphOptions {
     }
 }
 
+/// [`distributed_graph_options`] with every exchange in `exchange` mode.
+pub fn distributed_graph_options_with(exchange: sluice_planner::OutputMode) -> JobGraphOptions {
+    JobGraphOptions {
+        exchange_mode: exchange,
+        ..distributed_graph_options()
+    }
+}
+
 /// Decodes a stage plan; functions and tables resolve in `ctx`.
 pub fn decode_stage_plan(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
     physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SluiceCodec)

@@ -6,7 +6,7 @@
 //! ```text
 //!   TaskDefinition {attempt, plan: bytes (or, on the driver, the in-memory plan), inputs: per stage
 //!                   input, per input partition, the StreamLocators to read, output distribution,
-//!                   replicas, output mode, session settings, memory limit}
+//!                   replicas, output mode, session settings and memory limit}
 //!   TaskStatusReport {worker, attempt, sequence, Running | Succeeded(metrics) | Failed(error) | Canceled}
 //! ```
 
@@ -101,7 +101,8 @@ pub struct TaskDefinition {
     pub output_mode: OutputMode,
     /// The session's DataFusion settings.
     pub config: Arc<HashMap<String, String>>,
-    /// The session's memory limit in bytes, applied to each task (`None`: the worker's pool).
+    /// The session's own memory limit in bytes: each task of the job is held to it, within its
+    /// worker's pool (`None`: the worker's pool alone).
     pub memory_limit: Option<u64>,
     /// The job is an `EXPLAIN ANALYZE`: the final report carries the plan rendered with metrics.
     pub report_plan_metrics: bool,

@@ -84,6 +84,9 @@ pub struct SluiceFailure {
     pub kind: ErrorKind,
     /// What failed, naming it.
     pub message: String,
+    /// The data-plane address of a worker that could not be reached (the connection failed, not
+    /// the worker's answer): evidence for the driver that the worker is gone.
+    pub peer: Option<String>,
 }
 
 impl fmt::Display for SluiceFailure {
@@ -104,6 +107,16 @@ pub fn sluice_error(kind: ErrorKind, message: impl Into<String>) -> DataFusionEr
     DataFusionError::External(Box::new(SluiceFailure {
         kind,
         message: message.into(),
+        peer: None,
+    }))
+}
+
+/// A failed connection to the worker at `peer` (see [`SluiceFailure::peer`]).
+pub fn unreachable_error(peer: impl Into<String>, message: impl Into<String>) -> DataFusionError {
+    DataFusionError::External(Box::new(SluiceFailure {
+        kind: ErrorKind::Transport,
+        message: message.into(),
+        peer: Some(peer.into()),
     }))
 }
 
@@ -130,6 +143,8 @@ pub struct RemoteError {
     pub root: String,
     /// The root's own text, without DataFusion's prefix.
     pub message: String,
+    /// A worker that could not be reached, when that is what failed (see [`SluiceFailure::peer`]).
+    pub peer: Option<String>,
 }
 
 impl fmt::Display for RemoteError {
@@ -285,6 +300,7 @@ impl RemoteError {
             contexts: Vec::new(),
             root: format!("sluice.{}", kind.name()),
             message: message.into(),
+            peer: None,
         }
     }
 
@@ -292,6 +308,12 @@ impl RemoteError {
     pub fn of(error: &DataFusionError) -> Self {
         use ErrorKind::{Internal, ResourcesExhausted, Transport, User};
         let (contexts, root) = unwrap_contexts(error);
+        let peer = match root {
+            DataFusionError::External(inner) => inner
+                .downcast_ref::<SluiceFailure>()
+                .and_then(|failure| failure.peer.clone()),
+            _ => None,
+        };
         let (tag, message, kind): (String, String, ErrorKind) = match root {
             DataFusionError::Plan(m) => ("plan".into(), m.clone(), User),
             DataFusionError::Execution(m) => ("execution".into(), m.clone(), User),
@@ -338,6 +360,7 @@ impl RemoteError {
             contexts,
             root: tag,
             message,
+            peer,
         }
     }
 
@@ -345,7 +368,11 @@ impl RemoteError {
     fn root_error(&self) -> DataFusionError {
         let m = self.message.clone();
         if let Some(kind) = self.root.strip_prefix("sluice.") {
-            return sluice_error(ErrorKind::from_name(kind), m);
+            return DataFusionError::External(Box::new(SluiceFailure {
+                kind: ErrorKind::from_name(kind),
+                message: m,
+                peer: self.peer.clone(),
+            }));
         }
         if let Some(kind) = self.root.strip_prefix("io.") {
             return DataFusionError::IoError(std::io::Error::new(io_kind_from(kind), m));
@@ -445,6 +472,18 @@ mod tests {
     }
 
     #[test]
+    fn an_unreachable_peer_survives_a_hop() {
+        let error = unreachable_error("10.0.0.7:4000", "reading s from 10.0.0.7:4000: refused")
+            .context("stage 2");
+        let remote = RemoteError::of(&error);
+        assert_eq!(remote.peer.as_deref(), Some("10.0.0.7:4000"));
+        assert_eq!(remote.kind, ErrorKind::Transport);
+        let again = RemoteError::of(&remote.to_error());
+        assert_eq!(again, remote);
+        assert_eq!(RemoteError::of(&transport_error("x")).peer, None);
+    }
+
+    #[test]
     fn kinds_decide_retries() {
         let oom = DataFusionError::ResourcesExhausted("pool full".into());
         assert_eq!(ErrorKind::of(&oom), ErrorKind::ResourcesExhausted);
@@ -472,6 +511,7 @@ mod tests {
             contexts: vec![],
             root: "from.the.future".into(),
             message: "something new".into(),
+            peer: None,
         };
         assert_eq!(
             remote.to_error().to_string(),

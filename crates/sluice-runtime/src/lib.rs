@@ -37,7 +37,7 @@ pub use definition::{
 };
 pub use driver::{Driver, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, StageProgress};
 pub use error::{ErrorKind, RemoteError, SluiceFailure};
-pub use runner::{JobRunner, LocalGraphRunner, LocalRunner};
+pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};
 pub use stream_store::{StoreCounts, StreamStore, TaskSender, TaskStreams, receiver_stream};
 pub use task::{TaskInput, assemble_task, task_inputs};
 pub use worker::{Worker, WorkerOptions};

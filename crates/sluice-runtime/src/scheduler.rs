@@ -9,23 +9,30 @@
 //!  accept_job ──► RunRegion(regions without dependencies, attempt 0)
 //!  status(task, attempt, seq, Running)   ──► ExtendOutput (final-stage tasks)
 //!  status(.., Succeeded) ──► region done? ──► RunRegion(newly ready) │ JobSucceeded + CleanUpJob
-//!  status(.., Failed(error)) ──► retryable, attempts left, no output delivered:
+//!  status(.., Failed(error)) ──► retryable, failures left:
 //!                                   StopTasks(rest of region) + DiscardOutputs(region's attempt)
-//!                                   + RegionRetried + RunRegion(attempt + 1)
+//!                                   + RegionRetried + RunRegion(next attempt)
 //!                              └► otherwise StopTasks(job) + JobFailed(root cause) + CleanUpJob
+//!  outputs_lost(tasks) (their worker is gone) ──► every succeeded region holding one of them whose
+//!      output a region still needs runs again (lineage), and the regions reading it wait for it:
+//!      StopTasks + DiscardOutputs(readers) + RegionRerun + RunRegion(producers whose inputs exist)
 //! ```
 //!
 //! Invariants:
 //! - a region runs as a unit: all its tasks share the region's attempt number; a retry restarts all
-//!   of them and discards every output of the replaced attempt;
+//!   of them and discards every output of the replaced attempt; attempt numbers of a region only
+//!   grow (a re-run after lineage takes the next one too), so no two attempts share stream keys;
+//! - a region starts only when every region it depends on has succeeded and still holds its
+//!   outputs; when outputs are lost with their worker, the producers re-run before any reader;
 //! - reports for an attempt other than the region's current one, or with a sequence number not above
 //!   the last one seen for that task attempt, change nothing (stale, duplicated or out of order), and
 //!   the outcome says so (`accepted: false`), so the shell records nothing from them;
 //! - a user error (see [`ErrorKind`]) fails the job at once: retrying a deterministic failure only
-//!   repeats it;
+//!   repeats it; a region may fail `max_attempts` times, and an attempt lost with its worker is not
+//!   charged to it (the region did nothing wrong);
 //! - the job fails with the first real failure, never with the cancellations it caused;
-//! - a region whose output already reached the caller is not retried (that could duplicate rows):
-//!   the job fails, saying so;
+//! - a region whose output already reached the caller is retried like any other: the job output
+//!   skips what the caller already has and proves that the retry reproduced it (`driver::output`);
 //! - job ids come from here, one sequence per driver; a finished job (succeeded, failed or cancelled)
 //!   is forgotten, so scheduler state does not grow.
 
@@ -58,8 +65,6 @@ pub struct JobFailure {
     pub error: RemoteError,
     /// Attempts its region made.
     pub attempts: usize,
-    /// The region had delivered output to the caller, so it was not retried.
-    pub delivered: bool,
 }
 
 /// What the shell must do.
@@ -100,6 +105,18 @@ pub enum SchedulerAction {
         error: RemoteError,
         /// The attempt number that starts now.
         next_attempt: usize,
+        /// Failures charged to the region so far (of `max_attempts`).
+        failures: usize,
+    },
+    /// Succeeded regions run again because outputs they made were lost with their worker and a
+    /// region still needs them (lineage); `readers` were reset to wait for them.
+    RegionsRerun {
+        /// The job.
+        job: JobId,
+        /// The regions whose outputs are made again.
+        producers: Vec<RegionId>,
+        /// The regions that wait for them again (they were running or will run).
+        readers: Vec<RegionId>,
     },
     /// Add a final-stage task attempt's output streams to the job output.
     ExtendOutput {
@@ -154,8 +171,10 @@ struct Job {
     regions: Vec<RegionState>,
     /// Last sequence number seen per task attempt.
     sequences: HashMap<TaskAttempt, u64>,
-    /// Regions whose output reached the caller (not retried).
-    delivered: BTreeSet<RegionId>,
+    /// Per region, the attempt number its next start takes.
+    next_attempt: Vec<usize>,
+    /// Failures charged to each region (a loss with its worker is not charged).
+    failures: HashMap<RegionId, usize>,
 }
 
 impl Job {
@@ -233,9 +252,10 @@ impl JobScheduler {
         self.next_job += 1;
         let job = Job {
             regions: vec![RegionState::Waiting; graph.topology().regions().len()],
+            next_attempt: vec![0; graph.topology().regions().len()],
             graph,
             sequences: HashMap::new(),
-            delivered: BTreeSet::new(),
+            failures: HashMap::new(),
         };
         self.jobs.insert(job_id, job);
         let actions = self.start_ready_regions(job_id);
@@ -243,21 +263,111 @@ impl JobScheduler {
     }
 
     /// Asks whether output of `attempt` may go to the caller now: only while its region runs (or
-    /// succeeded with) that very attempt. A yes also marks the region delivered (it is no longer
-    /// retried), so a batch of an attempt the scheduler has already replaced never reaches the
-    /// caller, and a delivered region never runs twice.
-    pub fn approve_output(&mut self, job: JobId, attempt: TaskAttempt) -> bool {
-        let Some(state) = self.jobs.get_mut(&job) else {
+    /// succeeded with) that very attempt, so a batch of an attempt the scheduler has already
+    /// replaced never reaches the caller.
+    pub fn approve_output(&self, job: JobId, attempt: TaskAttempt) -> bool {
+        let Some(state) = self.jobs.get(&job) else {
             return false;
         };
         let Some(region) = state.region_of(attempt.task) else {
             return false;
         };
-        if state.current_attempt(region) != Some(attempt.attempt) {
-            return false;
+        state.current_attempt(region) == Some(attempt.attempt)
+    }
+
+    /// The outputs of `tasks` (their latest succeeded attempts) were lost with their worker. Every
+    /// succeeded region holding one of them whose output some region still needs runs again, and
+    /// the regions that read it (running, or about to) wait for it; the losses are not charged.
+    pub fn outputs_lost(&mut self, job: JobId, tasks: &[TaskId]) -> Vec<SchedulerAction> {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        let graph = Arc::clone(&state.graph);
+        let topology = graph.topology();
+        let regions = topology.regions();
+        let dependents = |region: RegionId| {
+            regions
+                .iter()
+                .enumerate()
+                .filter(move |(_, r)| r.depends_on.contains(&region))
+                .map(|(id, _)| RegionId(id))
+        };
+        let mut lost: BTreeSet<RegionId> = tasks
+            .iter()
+            .filter_map(|task| state.region_of(*task))
+            .filter(|region| matches!(state.regions[region.0], RegionState::Succeeded { .. }))
+            .collect();
+        // Producers to make again: lost ones a region still needs (one that has not succeeded), and
+        // transitively the regions those re-runs read from when their outputs went too.
+        let mut producers = BTreeSet::new();
+        loop {
+            let needed: Vec<RegionId> = lost
+                .iter()
+                .copied()
+                .filter(|region| !producers.contains(region))
+                .filter(|region| {
+                    dependents(*region).any(|d| {
+                        producers.contains(&d)
+                            || !matches!(state.regions[d.0], RegionState::Succeeded { .. })
+                    })
+                })
+                .collect();
+            if needed.is_empty() {
+                break;
+            }
+            producers.extend(needed);
         }
-        state.delivered.insert(region);
-        true
+        lost.retain(|region| producers.contains(region));
+        if producers.is_empty() {
+            return Vec::new();
+        }
+        let mut actions = Vec::new();
+        // Readers: regions depending on a re-run producer that are running now go back to waiting.
+        let mut readers = Vec::new();
+        for producer in &producers {
+            for reader in dependents(*producer) {
+                if readers.contains(&reader) || producers.contains(&reader) {
+                    continue;
+                }
+                if let RegionState::Running { attempt, remaining } = &state.regions[reader.0] {
+                    let attempt = *attempt;
+                    if !remaining.is_empty() {
+                        actions.push(SchedulerAction::StopTasks {
+                            job,
+                            tasks: remaining
+                                .iter()
+                                .map(|task| TaskAttempt {
+                                    task: *task,
+                                    attempt,
+                                })
+                                .collect(),
+                        });
+                    }
+                    actions.push(SchedulerAction::DiscardOutputs {
+                        job,
+                        tasks: state
+                            .region_tasks(reader)
+                            .into_iter()
+                            .map(|task| TaskAttempt { task, attempt })
+                            .collect(),
+                    });
+                    state.regions[reader.0] = RegionState::Waiting;
+                    readers.push(reader);
+                } else if state.regions[reader.0] == RegionState::Waiting {
+                    readers.push(reader);
+                }
+            }
+        }
+        for producer in &producers {
+            state.regions[producer.0] = RegionState::Waiting;
+        }
+        actions.push(SchedulerAction::RegionsRerun {
+            job,
+            producers: producers.into_iter().collect(),
+            readers,
+        });
+        actions.extend(self.start_ready_regions(job));
+        actions
     }
 
     /// Cancels a job: stops its running tasks and forgets it.
@@ -331,7 +441,7 @@ impl JobScheduler {
             }
             TaskStatus::Running => Vec::new(),
             TaskStatus::Succeeded => self.task_succeeded(job, region, attempt.task),
-            TaskStatus::Failed(error) => self.region_failed(job, region, attempt, error),
+            TaskStatus::Failed(error) => self.region_failed(job, region, attempt, error, true),
             // Only stops the scheduler asked for produce an expected Canceled; any other means the
             // worker gave the task up (it is shutting down): another attempt may run elsewhere.
             TaskStatus::Canceled => self.region_failed(
@@ -339,6 +449,7 @@ impl JobScheduler {
                 region,
                 attempt,
                 RemoteError::new(ErrorKind::Transport, "the task was cancelled on its worker"),
+                true,
             ),
         };
         StatusOutcome {
@@ -359,17 +470,18 @@ impl JobScheduler {
         if self.has_reported(job, attempt) {
             return Vec::new();
         }
-        self.fail_running(job, attempt, error)
+        self.fail_running(job, attempt, error, true)
     }
 
-    /// `attempt` was lost with its worker: it failed with `error`, whatever it reported before.
+    /// `attempt` was lost with its worker: it failed with `error`, whatever it reported before. The
+    /// failure is not charged to its region (see `DriverOptions::max_attempts`).
     pub fn task_lost(
         &mut self,
         job: JobId,
         attempt: TaskAttempt,
         error: RemoteError,
     ) -> Vec<SchedulerAction> {
-        self.fail_running(job, attempt, error)
+        self.fail_running(job, attempt, error, false)
     }
 
     /// Fails `attempt` with `error` if it is its region's current, unfinished attempt.
@@ -378,6 +490,7 @@ impl JobScheduler {
         job: JobId,
         attempt: TaskAttempt,
         error: RemoteError,
+        charge: bool,
     ) -> Vec<SchedulerAction> {
         if !self.is_running(job, attempt) {
             return Vec::new();
@@ -385,7 +498,7 @@ impl JobScheduler {
         let Some(region) = self.jobs.get(&job).and_then(|s| s.region_of(attempt.task)) else {
             return Vec::new();
         };
-        self.region_failed(job, region, attempt, error)
+        self.region_failed(job, region, attempt, error, charge)
     }
 
     fn task_succeeded(
@@ -428,6 +541,7 @@ impl JobScheduler {
         region: RegionId,
         failed: TaskAttempt,
         error: RemoteError,
+        charge: bool,
     ) -> Vec<SchedulerAction> {
         let max_attempts = self.max_attempts;
         let Some(state) = self.jobs.get_mut(&job) else {
@@ -445,8 +559,12 @@ impl JobScheduler {
                 attempt,
             })
             .collect();
-        let delivered = state.delivered.contains(&region);
-        let retry = error.kind.is_retryable() && attempt + 1 < max_attempts && !delivered;
+        let failures = state.failures.entry(region).or_insert(0);
+        if charge {
+            *failures += 1;
+        }
+        let failures = *failures;
+        let retry = error.kind.is_retryable() && failures < max_attempts;
         if retry {
             let region_tasks = state.region_tasks(region);
             let mut actions = Vec::new();
@@ -463,14 +581,16 @@ impl JobScheduler {
                     })
                     .collect(),
             });
+            let next = start_region(job, state, region);
             actions.push(SchedulerAction::RegionRetried {
                 job,
                 region,
                 failed,
                 error,
-                next_attempt: attempt + 1,
+                next_attempt: state.next_attempt[region.0] - 1,
+                failures,
             });
-            actions.push(start_region(job, state, region, attempt + 1));
+            actions.push(next);
             return actions;
         }
         let mut running = state.running_attempts();
@@ -489,7 +609,6 @@ impl JobScheduler {
                 task: failed,
                 error,
                 attempts: attempt + 1,
-                delivered,
             },
         });
         actions.push(SchedulerAction::CleanUpJob { job });
@@ -517,12 +636,15 @@ impl JobScheduler {
             .collect();
         ready
             .into_iter()
-            .map(|region| start_region(job, state, region, 0))
+            .map(|region| start_region(job, state, region))
             .collect()
     }
 }
 
-fn start_region(job: JobId, state: &mut Job, region: RegionId, attempt: usize) -> SchedulerAction {
+/// Starts `region`'s next attempt.
+fn start_region(job: JobId, state: &mut Job, region: RegionId) -> SchedulerAction {
+    let attempt = state.next_attempt[region.0];
+    state.next_attempt[region.0] += 1;
     let tasks = state.region_tasks(region);
     state.regions[region.0] = RegionState::Running {
         attempt,

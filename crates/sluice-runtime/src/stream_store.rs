@@ -379,6 +379,13 @@ impl StreamStore {
         Ok(())
     }
 
+    /// The jobs whose outputs the store holds now.
+    pub fn jobs(&self) -> BTreeSet<JobId> {
+        self.lock()
+            .map(|state| state.outputs.keys().map(|key| key.job).collect())
+            .unwrap_or_default()
+    }
+
     /// What the store holds now.
     pub fn counts(&self) -> StoreCounts {
         let Ok(state) = self.lock() else {

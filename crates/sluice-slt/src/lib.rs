@@ -25,6 +25,9 @@ pub fn slt_config(user: &SluiceConfig) -> Result<SluiceConfig> {
         memory_limit: user.memory_limit.clone(),
         workers: user.workers.clone(),
         flight_compression: user.flight_compression.clone(),
+        exchange: user.exchange.clone(),
+        driver_listen: user.driver_listen.clone(),
+        min_workers: user.min_workers.clone(),
         session: Default::default(),
     };
     let defaults = ConfigLayer {

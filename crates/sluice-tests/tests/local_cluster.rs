@@ -145,19 +145,19 @@ async fn a_task_that_always_fails_fails_the_query_with_its_own_error() {
         .await
         .unwrap_err()
         .to_string();
-    // "job 1: stage 0 partition 0 failed on worker 2 (127.0.0.1:…) after 3 attempts caused by
-    //  External error: injected fault in job 1 stage 0 partition 0 attempt 2: disk on fire"
+    // "job 1: stage 0 partition 0 failed on worker 2 (127.0.0.1:…) after 4 attempts caused by
+    //  External error: injected fault in job 1 stage 0 partition 0 attempt 3: disk on fire"
     assert!(
         error.starts_with("job 1: stage 0 partition 0 failed on worker "),
         "{error}"
     );
-    assert!(error.contains(" after 3 attempts caused by External error: injected fault in job 1 stage 0 partition 0 attempt 2: disk on fire"), "{error}");
+    assert!(error.contains(" after 4 attempts caused by External error: injected fault in job 1 stage 0 partition 0 attempt 3: disk on fire"), "{error}");
     assert!(!error.contains("cancelled"), "{error}");
     let seen = seen.lock().unwrap().clone();
-    for attempt in 0..3 {
+    for attempt in 0..4 {
         assert_eq!(seen.get(&(0, 0, attempt)), Some(&1), "{seen:?}");
     }
-    assert_eq!(seen.get(&(0, 0, 3)), None, "{seen:?}");
+    assert_eq!(seen.get(&(0, 0, 4)), None, "{seen:?}");
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 

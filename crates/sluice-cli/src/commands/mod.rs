@@ -6,6 +6,7 @@ mod explain;
 mod slt;
 mod sql;
 mod tpch;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -18,6 +19,7 @@ pub use explain::ExplainArgs;
 pub use slt::SltArgs;
 pub use sql::{SqlArgs, run_statements};
 pub use tpch::TpchCommand;
+pub use worker::WorkerArgs;
 
 use crate::Command;
 
@@ -30,5 +32,6 @@ pub fn run(command: Command, config: SluiceConfig, runtime: &Runtime) -> Result<
         Command::Demo(args) => demo::run(args, &config, runtime),
         Command::Slt(args) => slt::run(args, &config, runtime),
         Command::Config(args) => config::run(args, &config),
+        Command::Worker(args) => worker::run(args, &config, runtime),
     }
 }

@@ -44,6 +44,8 @@ struct WorkerEntry {
     registration: WorkerRegistration,
     busy: usize,
     last_heartbeat: Instant,
+    /// It is draining: no new task goes there.
+    draining: bool,
 }
 
 pub(crate) struct DriverActor {
@@ -60,7 +62,12 @@ pub(crate) struct DriverActor {
     waiting: VecDeque<(JobId, RegionId, Vec<TaskAttempt>)>,
     events: mpsc::UnboundedSender<DriverEvent>,
     rpcs: JoinSet<()>,
+    /// Lines for the user, oldest first (bounded).
+    notices: VecDeque<String>,
 }
+
+/// Notices kept for a caller that does not collect them.
+const NOTICES_KEPT: usize = 256;
 
 impl DriverActor {
     pub fn new(
@@ -81,7 +88,15 @@ impl DriverActor {
             waiting: VecDeque::new(),
             events,
             rpcs: JoinSet::new(),
+            notices: VecDeque::new(),
         }
+    }
+
+    fn notice(&mut self, line: String) {
+        if self.notices.len() == NOTICES_KEPT {
+            self.notices.pop_front();
+        }
+        self.notices.push_back(line);
     }
 
     pub async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<DriverEvent>) {
@@ -110,9 +125,24 @@ impl DriverActor {
                 let _ = reply.send(id);
                 self.place_waiting();
             }
-            DriverEvent::Heartbeat(worker) => {
+            DriverEvent::Heartbeat { worker, reply } => {
+                let known = match self.workers.get_mut(&worker) {
+                    Some(entry) => {
+                        entry.last_heartbeat = Instant::now();
+                        true
+                    }
+                    None => false,
+                };
+                if let Some(reply) = reply {
+                    let _ = reply.send(known);
+                }
+            }
+            DriverEvent::Deregister(worker) => self.worker_lost(worker, "it drained and left"),
+            DriverEvent::Drain(worker) => {
                 if let Some(entry) = self.workers.get_mut(&worker) {
-                    entry.last_heartbeat = Instant::now();
+                    entry.draining = true;
+                    let address = entry.registration.address.clone();
+                    self.notice(format!("{worker} ({address}) is draining"));
                 }
             }
             DriverEvent::TaskStatus(report) => self.task_status(report),
@@ -162,6 +192,9 @@ impl DriverActor {
                 location,
                 error,
             } => self.run_task_failed(job, attempt, location, error),
+            DriverEvent::TakeNotices(reply) => {
+                let _ = reply.send(self.notices.drain(..).collect());
+            }
             DriverEvent::Progress(reply) => {
                 let _ = reply.send(self.progress());
             }
@@ -189,6 +222,7 @@ impl DriverActor {
                 registration,
                 busy: 0,
                 last_heartbeat: Instant::now(),
+                draining: false,
             },
         );
         id
@@ -267,7 +301,7 @@ impl DriverActor {
             .filter_map(|entry| entry.value.map(|value| (entry.key, value)))
             .collect();
         let memory_limit = match context.runtime_env().memory_pool.memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes as u64),
+            MemoryLimit::Finite(bytes) => u64::try_from(bytes).ok(),
             _ => None,
         };
         let analyze = is_analyze(&graph);
@@ -286,6 +320,7 @@ impl DriverActor {
                 metrics: HashMap::new(),
                 announced: HashMap::new(),
                 retries: 0,
+                reruns: 0,
                 output,
                 phase: JobPhase::Running,
             },
@@ -295,6 +330,25 @@ impl DriverActor {
     }
 
     fn task_status(&mut self, report: TaskStatusReport) {
+        if let TaskState::Failed(error) = &report.state
+            && let Some(peer) = &error.peer
+        {
+            // A read from another worker failed at the connection: evidence it is gone. Acting on
+            // it first makes this failure a consequence of the loss, not a charge to its region.
+            let suspect = self
+                .workers
+                .iter()
+                .find(|(id, w)| w.registration.address == *peer && **id != report.worker)
+                .map(|(id, _)| *id);
+            if let Some(worker) = suspect {
+                let why = format!(
+                    "{} could not read from it: {}",
+                    report.attempt,
+                    error.message.replace('\n', " ")
+                );
+                self.worker_lost(worker, &why);
+            }
+        }
         let key = report.attempt;
         let attempt = key.task_attempt();
         let terminal = report.state.is_final();
@@ -346,6 +400,10 @@ impl DriverActor {
             let Some(producer) = entry.graph.stage(input.stage) else {
                 continue;
             };
+            // Blocking outputs stay until the job ends: a re-run (lineage) may need them again.
+            if producer.mode == sluice_planner::OutputMode::Blocking {
+                continue;
+            }
             for partition in 0..producer.partitions() {
                 let task = TaskId {
                     stage: input.stage,
@@ -378,11 +436,21 @@ impl DriverActor {
             // Only the reply was lost: the task runs and its reports free its slot.
             return;
         }
-        self.free_slot(key);
         if !error.refused {
-            // The request may have arrived: make sure the attempt does not run on unnoticed.
+            // No answer: evidence that the worker is gone. What it ran is lost with it (this
+            // attempt included) and its slots leave the pool; the request may still have arrived,
+            // so the attempt is also told to stop.
             self.stop_at(location, key);
+            if let Location::Worker(worker) = location
+                && self.workers.contains_key(&worker)
+            {
+                let why = format!("RunTask got no answer ({})", error.error.message);
+                self.worker_lost(worker, &why);
+                self.place_waiting();
+                return;
+            }
         }
+        self.free_slot(key);
         let actions = self.scheduler.task_not_started(job, attempt, error.error);
         self.perform(actions);
         self.place_waiting();
@@ -411,12 +479,56 @@ impl DriverActor {
         };
         self.lost_workers += 1;
         let address = entry.registration.address;
-        let lost: Vec<AttemptKey> = self
+        let mut lost: Vec<AttemptKey> = self
             .running
             .iter()
             .filter(|(_, location)| **location == Location::Worker(worker))
             .map(|(key, _)| *key)
             .collect();
+        lost.sort();
+        let during = match lost.first() {
+            Some(first) => {
+                let mut stages: Vec<String> = lost
+                    .iter()
+                    .filter(|k| k.job == first.job)
+                    .map(|k| k.stage.to_string())
+                    .collect();
+                stages.dedup();
+                format!(" during job {} stage {}", first.job, stages.join(", "))
+            }
+            None => String::new(),
+        };
+        self.notice(format!("{worker} ({address}) lost{during}: {why}"));
+        // Lineage first: the regions that read outputs held there wait for them to be made again,
+        // so the retries below do not start readers of streams that are gone.
+        let mut jobs: Vec<JobId> = self.jobs.keys().copied().collect();
+        jobs.sort();
+        for job in jobs {
+            let Some(entry) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            let mut outputs: Vec<TaskId> = entry
+                .succeeded
+                .iter()
+                .filter(|(task, attempt)| {
+                    let attempt = TaskAttempt {
+                        task: **task,
+                        attempt: **attempt,
+                    };
+                    entry.placed.get(&attempt) == Some(&Location::Worker(worker))
+                })
+                .map(|(task, _)| *task)
+                .collect();
+            if outputs.is_empty() {
+                continue;
+            }
+            outputs.sort();
+            for task in &outputs {
+                entry.succeeded.remove(task);
+            }
+            let actions = self.scheduler.outputs_lost(job, &outputs);
+            self.perform(actions);
+        }
         for key in lost {
             self.running.remove(&key);
             let error = RemoteError::new(
@@ -464,10 +576,51 @@ impl DriverActor {
                         self.release_output(location, key);
                     }
                 }
-                SchedulerAction::RegionRetried { job, .. } => {
+                SchedulerAction::RegionRetried {
+                    job,
+                    region,
+                    failed,
+                    error,
+                    failures,
+                    next_attempt,
+                } => {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.retries += 1;
                     }
+                    let place = self.place_of(job, failed);
+                    let text = error.to_string().replace('\n', " ");
+                    self.notice(format!(
+                        "job {job}: retrying region {region} (attempt {}; {failures} of {} \
+                         failures allowed so far): {} failed on {place}: {text}",
+                        next_attempt + 1,
+                        self.scheduler.max_attempts(),
+                        failed.task
+                    ));
+                }
+                SchedulerAction::RegionsRerun {
+                    job,
+                    producers,
+                    readers,
+                } => {
+                    if let Some(entry) = self.jobs.get_mut(&job) {
+                        entry.reruns += producers.len();
+                    }
+                    let list = |regions: &[RegionId]| {
+                        regions
+                            .iter()
+                            .map(|r| format!("region {r}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let mut line = format!(
+                        "job {job}: outputs of {} were lost with their worker; running {} again",
+                        list(&producers),
+                        if producers.len() == 1 { "it" } else { "them" }
+                    );
+                    if !readers.is_empty() {
+                        line.push_str(&format!(" before {}", list(&readers)));
+                    }
+                    self.notice(line);
                 }
                 SchedulerAction::ExtendOutput { job, task } => self.extend_output(job, task),
                 SchedulerAction::JobSucceeded { job } => {
@@ -523,30 +676,30 @@ impl DriverActor {
         if failure.error.kind == ErrorKind::User {
             return error;
         }
+        let place = self.place_of(job, failure.task);
+        let mut what = format!("job {job}: {} failed on {place}", failure.task.task);
+        if failure.attempts > 1 {
+            what.push_str(&format!(" after {} attempts", failure.attempts));
+        } else if failure.error.kind.is_retryable() && self.scheduler.max_attempts() == 1 {
+            what.push_str(" (retries are off)");
+        }
+        error.context(what)
+    }
+
+    /// Where `attempt` of `job` ran, as a notice or an error names it.
+    fn place_of(&self, job: JobId, attempt: TaskAttempt) -> String {
         let location = self
             .jobs
             .get(&job)
-            .and_then(|entry| entry.placed.get(&failure.task).copied());
-        let place = match location {
+            .and_then(|entry| entry.placed.get(&attempt).copied());
+        match location {
             Some(Location::Driver) => "the driver".to_string(),
             Some(Location::Worker(w)) => match self.addresses.get(&w) {
                 Some(address) => format!("{w} ({address})"),
                 None => w.to_string(),
             },
             None => "no worker (it never started)".to_string(),
-        };
-        let mut what = format!("job {job}: {} failed on {place}", failure.task.task);
-        if failure.delivered {
-            what.push_str(
-                "; not retried because part of its output already reached the caller \
-                 (a retry could duplicate rows)",
-            );
-        } else if failure.attempts > 1 {
-            what.push_str(&format!(" after {} attempts", failure.attempts));
-        } else if failure.error.kind.is_retryable() && self.scheduler.max_attempts() == 1 {
-            what.push_str(" (retries are off)");
         }
-        error.context(what)
     }
 
     /// The worker at `location`'s client.
@@ -590,13 +743,17 @@ impl DriverActor {
     /// Places waiting regions, oldest first, while they fit.
     fn place_waiting(&mut self) {
         while let Some((job, region, tasks)) = self.waiting.pop_front() {
-            if !self.jobs.contains_key(&job) {
+            // A region reset or retried while it waited has a newer entry (or none yet).
+            if !self.jobs.contains_key(&job)
+                || !tasks.iter().all(|t| self.scheduler.is_running(job, *t))
+            {
                 continue;
             }
             let ids: Vec<TaskId> = tasks.iter().map(|t| t.task).collect();
             let slots: Vec<Slots> = self
                 .workers
                 .iter()
+                .filter(|(_, w)| !w.draining)
                 .map(|(id, w)| Slots {
                     worker: *id,
                     free: w.registration.slots.saturating_sub(w.busy),

@@ -38,6 +38,7 @@ pub(super) struct JobEntry {
     /// Per stage, the plan its tasks run.
     pub plans: Vec<StagePlan>,
     pub config: Arc<HashMap<String, String>>,
+    /// The session's own memory limit, held per task (see `TaskDefinition::memory_limit`).
     pub memory_limit: Option<u64>,
     /// The job is an `EXPLAIN ANALYZE`: tasks report their plans with metrics.
     pub analyze: bool,
@@ -49,6 +50,8 @@ pub(super) struct JobEntry {
     /// Final-stage attempts whose streams the output reads.
     pub announced: HashMap<TaskId, usize>,
     pub retries: usize,
+    /// Regions run again because their outputs were lost (lineage).
+    pub reruns: usize,
     pub output: mpsc::UnboundedSender<OutputCommand>,
     pub phase: JobPhase,
 }

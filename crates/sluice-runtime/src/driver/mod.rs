@@ -25,6 +25,7 @@ mod job;
 mod output;
 mod placement;
 mod progress;
+mod resume;
 mod shipping;
 #[cfg(test)]
 mod tests;
@@ -52,7 +53,8 @@ use placement::Location;
 /// How the driver schedules.
 #[derive(Debug, Clone)]
 pub struct DriverOptions {
-    /// Times a task region runs before its job fails (at least 1).
+    /// Times a task region may fail before its job fails (at least 1). Attempts lost with their
+    /// worker do not count: the region's own tasks did nothing wrong.
     pub max_attempts: usize,
     /// A worker that sends no heartbeat for this long is lost: its tasks fail and are retried
     /// elsewhere, its slots leave the pool.
@@ -62,8 +64,8 @@ pub struct DriverOptions {
 impl Default for DriverOptions {
     fn default() -> Self {
         Self {
-            max_attempts: 3,
-            heartbeat_timeout: Duration::from_secs(10),
+            max_attempts: 4,
+            heartbeat_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -124,7 +126,13 @@ pub(crate) enum DriverEvent {
         registration: WorkerRegistration,
         reply: oneshot::Sender<WorkerId>,
     },
-    Heartbeat(WorkerId),
+    Heartbeat {
+        worker: WorkerId,
+        /// Answered with whether the driver still counts the worker.
+        reply: Option<oneshot::Sender<bool>>,
+    },
+    Deregister(WorkerId),
+    Drain(WorkerId),
     TaskStatus(TaskStatusReport),
     Submit(Box<Submission>),
     Cancel(JobId),
@@ -141,6 +149,7 @@ pub(crate) enum DriverEvent {
         error: RunTaskError,
     },
     Snapshot(oneshot::Sender<DriverSnapshot>),
+    TakeNotices(oneshot::Sender<Vec<String>>),
     Progress(oneshot::Sender<Vec<JobProgress>>),
 }
 
@@ -185,7 +194,31 @@ impl DriverHandle {
 
     /// Records a heartbeat of `worker`.
     pub fn heartbeat(&self, worker: WorkerId) -> Result<()> {
-        self.send(DriverEvent::Heartbeat(worker))
+        self.send(DriverEvent::Heartbeat {
+            worker,
+            reply: None,
+        })
+    }
+
+    /// Records a heartbeat of `worker`; `false` when the driver no longer counts it (it was declared
+    /// lost, or never registered): the worker should stop.
+    pub async fn heartbeat_checked(&self, worker: WorkerId) -> Result<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::Heartbeat {
+            worker,
+            reply: Some(reply),
+        })?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    /// `worker` drains: no new task is placed on it; what runs there finishes.
+    pub fn drain(&self, worker: WorkerId) -> Result<()> {
+        self.send(DriverEvent::Drain(worker))
+    }
+
+    /// `worker` leaves (it drained): its slots leave the pool; what it still ran fails over.
+    pub fn deregister(&self, worker: WorkerId) -> Result<()> {
+        self.send(DriverEvent::Deregister(worker))
     }
 
     /// Delivers a task status report.
@@ -209,6 +242,14 @@ impl DriverHandle {
     pub async fn snapshot(&self) -> Result<DriverSnapshot> {
         let (reply, answer) = oneshot::channel();
         self.send(DriverEvent::Snapshot(reply))?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    /// What happened since the last call that a user should read (lost workers, retried regions),
+    /// one line each, oldest first.
+    pub async fn take_notices(&self) -> Result<Vec<String>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::TakeNotices(reply))?;
         answer.await.map_err(|_| driver_gone())
     }
 
@@ -274,6 +315,11 @@ impl Driver {
     /// The actor's state, for tests and diagnostics.
     pub async fn snapshot(&self) -> Result<DriverSnapshot> {
         self.handle.snapshot().await
+    }
+
+    /// Lines for the user since the last call (see [`DriverHandle::take_notices`]).
+    pub async fn take_notices(&self) -> Result<Vec<String>> {
+        self.handle.take_notices().await
     }
 }
 

@@ -10,14 +10,16 @@
 //! ```
 //!
 //! Exactly-once policy: a batch reaches the caller only from a task attempt the scheduler approves
-//! (its region's current attempt). Approval is asked on the first non-empty batch an attempt is
-//! about to hand to the caller (an empty batch or an error is not output) and marks the region
-//! delivered, so it is never retried: a failure after that fails the job instead of duplicating rows.
-//! Batches of an attempt the scheduler replaced are dropped unread. The stream ends only after the
-//! scheduler reported success and every stream of the final attempts ended; a read error of a final
-//! attempt fails the job then (a replaced attempt's read errors do not matter). For `EXPLAIN
-//! ANALYZE`, one more batch follows: a row per earlier stage (`crate::analyze`). Dropping the stream
-//! cancels the job.
+//! (its region's current attempt; asked on the attempt's first non-empty batch), and only the part
+//! of it the caller does not have yet: when a region is retried after its final-stage tasks
+//! delivered rows, each retried stream skips the rows already delivered and proves it may
+//! (`resume`: an order-sensitive checksum of the skipped prefix), or the job fails saying the
+//! result is not deterministic. Once an attempt of a task is read, older attempts of that task
+//! deliver nothing more. The stream ends only after the scheduler reported success and every
+//! stream of the final attempts ended (each having reproduced its delivered prefix); a read error
+//! of a final attempt fails the job then (a replaced attempt's read errors do not matter). For
+//! `EXPLAIN ANALYZE`, one more batch follows: a row per earlier stage (`crate::analyze`). Dropping
+//! the stream cancels the job.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,6 +34,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use sluice_planner::{JobGraph, JobId, StreamId, TaskAttempt, TaskId};
 use tokio::sync::{mpsc, oneshot};
 
+use super::resume::DeliveredRows;
 use super::{DriverEvent, Submission, driver_gone};
 use crate::analyze::{StageReport, report_batch};
 use crate::transport::StreamFetcher;
@@ -129,16 +132,21 @@ struct Forwarder {
     guard: CancelOnDrop,
 }
 
-/// An item of one attempt's stream; `None` marks that stream's end.
-type Tagged = (TaskAttempt, Option<Result<RecordBatch>>);
+/// An item of one attempt's stream (by channel); `None` marks that stream's end.
+type Tagged = (TaskAttempt, usize, Option<Result<RecordBatch>>);
 
 /// What the forwarder knows about the attempts it reads.
 #[derive(Default)]
 struct Reads {
     open: HashMap<TaskAttempt, usize>,
+    /// Channels of each attempt whose stream ended.
+    ended: HashMap<TaskAttempt, Vec<usize>>,
     approved: HashSet<TaskAttempt>,
     rejected: HashSet<TaskAttempt>,
     errors: HashMap<TaskAttempt, DataFusionError>,
+    /// The newest attempt of each task being read; older ones deliver nothing more.
+    newest: HashMap<TaskId, usize>,
+    delivered: DeliveredRows,
 }
 
 impl Reads {
@@ -153,15 +161,23 @@ impl Reads {
         })
     }
 
-    /// The first read error of a final attempt.
-    fn final_error(&mut self, finished: &FinishedJob) -> Option<DataFusionError> {
+    /// The first read error of a final attempt, or the first final stream that did not
+    /// reproduce what an earlier attempt delivered.
+    fn final_error(&mut self, job: JobId, finished: &FinishedJob) -> Option<DataFusionError> {
         let mut tasks: Vec<_> = finished.attempts.iter().collect();
         tasks.sort();
         tasks.into_iter().find_map(|(task, attempt)| {
-            self.errors.remove(&TaskAttempt {
+            let attempt = TaskAttempt {
                 task: *task,
                 attempt: *attempt,
-            })
+            };
+            if let Some(error) = self.errors.remove(&attempt) {
+                return Some(error);
+            }
+            let channels = self.ended.get(&attempt).cloned().unwrap_or_default();
+            channels
+                .into_iter()
+                .find_map(|channel| self.delivered.finish(job, attempt, channel).err())
         })
     }
 }
@@ -175,7 +191,7 @@ impl Forwarder {
             if let Some(done) = finished.as_ref()
                 && reads.final_streams_ended(done)
             {
-                let result = match reads.final_error(done) {
+                let result = match reads.final_error(self.job, done) {
                     Some(error) => Err(error.context(format!(
                         "job {}: reading the output of its final stage",
                         self.job
@@ -194,13 +210,16 @@ impl Forwarder {
             tokio::select! {
                 command = commands.recv(), if finished.is_none() => match command {
                     Some(OutputCommand::Add { attempt, address, streams: ids }) => {
+                        let newest = reads.newest.entry(attempt.task).or_insert(attempt.attempt);
+                        *newest = (*newest).max(attempt.attempt);
                         for id in ids {
+                            let channel = id.stream.channel;
                             let read = self.fetcher.fetch(&address, id, self.schema.clone());
                             *reads.open.entry(attempt).or_insert(0) += 1;
                             let tagged = read
                                 .map(Some)
                                 .chain(stream::once(async { None }))
-                                .map(move |item| (attempt, item));
+                                .map(move |item| (attempt, channel, item));
                             streams.push(tagged.boxed());
                         }
                     }
@@ -214,12 +233,13 @@ impl Forwarder {
                         return;
                     }
                 },
-                Some((attempt, item)) = streams.next(), if !streams.is_empty() => {
+                Some((attempt, channel, item)) = streams.next(), if !streams.is_empty() => {
                     let batch = match item {
                         None => {
                             if let Some(open) = reads.open.get_mut(&attempt) {
                                 *open = open.saturating_sub(1);
                             }
+                            reads.ended.entry(attempt).or_default().push(channel);
                             continue;
                         }
                         Some(Err(error)) => {
@@ -230,7 +250,11 @@ impl Forwarder {
                         }
                         Some(Ok(batch)) => batch,
                     };
-                    if batch.num_rows() == 0 || reads.rejected.contains(&attempt) {
+                    let superseded = reads
+                        .newest
+                        .get(&attempt.task)
+                        .is_some_and(|newest| *newest > attempt.attempt);
+                    if batch.num_rows() == 0 || superseded || reads.rejected.contains(&attempt) {
                         continue;
                     }
                     if !reads.approved.contains(&attempt) {
@@ -241,6 +265,14 @@ impl Forwarder {
                             continue;
                         }
                     }
+                    let batch = match reads.delivered.admit(self.job, attempt, channel, batch) {
+                        Ok(Some(batch)) => batch,
+                        Ok(None) => continue,
+                        Err(error) => {
+                            self.end(Err(error)).await;
+                            return;
+                        }
+                    };
                     if self.tx.send(Ok(batch)).await.is_err() {
                         return; // the caller went away: the guard cancels the job
                     }

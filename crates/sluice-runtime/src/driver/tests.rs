@@ -454,23 +454,35 @@ async fn run_task_refusals_retry_and_lost_replies_of_running_tasks_change_nothin
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_lost_reply_of_a_task_that_never_reported_stops_it_and_retries_its_region() {
+async fn a_run_task_without_an_answer_loses_its_worker_and_the_region_runs_on_the_others() {
     let h = Harness::new(in_process());
-    let (w, worker) = h.worker(8, Liveness::InProcess).await;
-    worker.answer(1, 0, 0, Answer::LoseReply(Duration::from_secs(1)));
+    let (w1, one) = h.worker(8, Liveness::InProcess).await;
+    let (w2, two) = h.worker(8, Liveness::InProcess).await;
+    // Placement alternates: (0,0) and (1,0) on worker 1, (0,1) and (1,1) on worker 2.
+    one.answer(1, 0, 0, Answer::LoseReply(Duration::from_secs(1)));
     let output = h.run(graph(OutputMode::Pipelined));
-    tokio::time::sleep(Duration::from_secs(2)).await;
     settle().await;
-    assert!(worker.calls().contains(&Call::Stop(key(1, 1, 0, 0))));
-    assert_eq!(worker.runs()[4..], region(1, 1)[..]);
-    // Its slot was freed with the failure; a late report of it frees nothing twice.
-    h.report(w, key(1, 1, 0, 0), 2, TaskState::Canceled);
-    for stale in [key(1, 0, 0, 0), key(1, 0, 1, 0), key(1, 1, 1, 0)] {
-        h.report(w, stale, 2, TaskState::Canceled);
+    assert_eq!(one.runs(), [key(1, 0, 0, 0), key(1, 1, 0, 0)]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let snapshot = h.snapshot().await;
+    assert_eq!(
+        (snapshot.workers, snapshot.lost_workers),
+        (1, 1),
+        "{snapshot:?}"
+    );
+    // The silent attempt is told to stop anyway (the request may have arrived).
+    assert!(one.calls().contains(&Call::Stop(key(1, 1, 0, 0))));
+    // The region runs again on worker 2, every task of it; its old attempts there stop.
+    assert_eq!(two.runs()[2..], region(1, 1)[..]);
+    for stale in [key(1, 0, 1, 0), key(1, 1, 1, 0)] {
+        assert!(two.calls().contains(&Call::Stop(stale)));
+        h.report(w2, stale, 2, TaskState::Canceled);
     }
+    // A late report from the lost worker changes nothing.
+    h.report(w1, key(1, 0, 0, 0), 2, TaskState::Canceled);
     assert_eq!(h.snapshot().await.busy_slots, [4]);
     for attempt in region(1, 1) {
-        h.succeed(w, attempt, 1);
+        h.succeed(w2, attempt, 1);
     }
     assert!(output.await.unwrap().is_ok());
     assert_eq!(h.snapshot().await.busy_slots, [0]);
@@ -498,23 +510,137 @@ async fn a_user_error_fails_the_job_at_once_with_its_own_text() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_region_that_delivered_rows_fails_the_job_instead_of_retrying() {
+async fn a_region_retried_after_it_delivered_rows_resumes_its_output_without_duplicates() {
     let h = Harness::new(in_process());
     let (w, worker) = h.worker(8, Liveness::InProcess).await;
-    h.fetcher.script(0, 0, vec![Item::Rows(vec![7])]);
+    // Attempt 0 of the final task for partition 0 delivers 7 and 8, then the region fails.
+    h.fetcher
+        .script(0, 0, vec![Item::Rows(vec![7]), Item::Rows(vec![8])]);
+    // Attempt 1 reproduces them (in other batches) and goes on.
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![7, 8, 9])]);
+    h.fetcher.script(1, 1, vec![Item::Rows(vec![20])]);
     let output = h.run(graph(OutputMode::Pipelined));
     settle().await;
     h.report(w, key(1, 1, 0, 0), 1, TaskState::Running);
     settle().await;
     h.report(w, key(1, 0, 1, 0), 2, transport("disk gone"));
+    settle().await;
+    assert_eq!(worker.runs(), [region(1, 0), region(1, 1)].concat());
+    for attempt in region(1, 1) {
+        h.succeed(w, attempt, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), [7, 8, 9, 20]);
+    let notices = h.driver.take_notices().await.unwrap();
+    assert_eq!(
+        notices,
+        [
+            "job 1: retrying region 0 (attempt 2; 1 of 4 failures allowed so far): stage 0 \
+          partition 1 failed on worker 1 (fake:worker): External error: disk gone"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_does_not_reproduce_the_delivered_rows_fails_the_job_saying_why() {
+    let h = Harness::new(in_process());
+    let (w, _worker) = h.worker(8, Liveness::InProcess).await;
+    h.fetcher.script(0, 0, vec![Item::Rows(vec![7, 8])]);
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![8, 7, 9])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    h.report(w, key(1, 1, 0, 0), 1, TaskState::Running);
+    settle().await;
+    h.report(w, key(1, 0, 0, 0), 2, transport("disk gone"));
+    settle().await;
+    h.report(w, key(1, 1, 0, 1), 1, TaskState::Running);
     let error = output.await.unwrap().unwrap_err().to_string();
     assert_eq!(
         error,
-        "job 1: stage 0 partition 1 failed on worker 1 (fake:worker); not retried because part \
-         of its output already reached the caller (a retry could duplicate rows)\ncaused by\n\
-         External error: disk gone"
+        "Execution error: job 1: stage 1 partition 0 was retried after 2 of its rows had reached \
+         the caller, and the retry produced different rows in that prefix: the query's result is \
+         not deterministic (a LIMIT without ORDER BY, ties in the ORDER BY, a volatile \
+         function), so the job fails rather than return missing or duplicate rows (attempt 1)"
     );
-    assert_eq!(worker.runs(), region(1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_worker_holding_blocking_outputs_makes_them_again_before_their_readers_rerun() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker(4, Liveness::Heartbeats).await;
+    let (w2, two) = h.worker(4, Liveness::Heartbeats).await;
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![1])]);
+    h.fetcher.script(1, 1, vec![Item::Rows(vec![2])]);
+    let output = h.run(graph(OutputMode::Blocking));
+    settle().await;
+    // Stage 0's two tasks are regions of their own; find where each went.
+    let at = |worker: &FakeWorker, key: AttemptKey| worker.runs().contains(&key);
+    let producers = [key(1, 0, 0, 0), key(1, 0, 1, 0)];
+    let victim = producers
+        .iter()
+        .find(|k| at(&two, **k))
+        .copied()
+        .expect("placement spreads stage 0 over both workers");
+    for producer in producers {
+        h.succeed(if at(&one, producer) { w1 } else { w2 }, producer, 1);
+    }
+    settle().await;
+    let readers: Vec<AttemptKey> = [one.runs(), two.runs()]
+        .concat()
+        .into_iter()
+        .filter(|k| k.stage == StageId(1))
+        .collect();
+    assert_eq!(readers.len(), 2, "both stage-1 tasks run");
+    // Worker 2 falls silent while stage 1 reads; worker 1 keeps beating.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.driver.handle().heartbeat(w1).unwrap();
+    }
+    settle().await;
+    // Its stage-0 output is made again on worker 1 (attempt 1); stage 1 waits for it.
+    let rerun = AttemptKey {
+        attempt: 1,
+        ..victim
+    };
+    assert!(one.runs().contains(&rerun), "{:?}", one.runs());
+    assert!(
+        one.runs()
+            .iter()
+            .all(|k| !(k.stage == StageId(1) && k.attempt == 1)),
+        "stage 1 must wait for the re-run: {:?}",
+        one.runs()
+    );
+    for reader in readers.iter().filter(|k| at(&one, **k)) {
+        assert!(
+            one.calls().contains(&Call::Stop(*reader)),
+            "{:?}",
+            one.calls()
+        );
+        h.report(w1, *reader, 2, TaskState::Canceled);
+    }
+    h.succeed(w1, rerun, 1);
+    settle().await;
+    let rerun_readers = [key(1, 1, 0, 1), key(1, 1, 1, 1)];
+    for reader in rerun_readers {
+        assert!(one.runs().contains(&reader), "{:?}", one.runs());
+        h.succeed(w1, reader, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), [1, 2]);
+    let notices = h.driver.take_notices().await.unwrap();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.starts_with("worker 2 (fake:worker) lost during job 1 stage 1")),
+        "{notices:?}"
+    );
+    let lineage = format!(
+        "job 1: outputs of region {} were lost with their worker; running it again before \
+         region 2, region 3",
+        victim.partition
+    );
+    assert!(notices.contains(&lineage), "{notices:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -16,11 +16,11 @@ use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::future::BoxFuture;
-use sluice_planner::{JobGraph, WorkerId};
+use sluice_planner::{JobGraph, JobGraphOptions, OutputMode, WorkerId};
 use tokio::sync::OnceCell;
 
 use super::{JobRunner, lazy_stream};
-use crate::codec::distributed_graph_options;
+use crate::codec::distributed_graph_options_with;
 use crate::driver::{
     Driver, DriverOptions, DriverSnapshot, ExecutorEndpoint, Liveness, WorkerRegistration,
     progress_line,
@@ -41,6 +41,8 @@ pub struct LocalGraphOptions {
     pub driver: DriverOptions,
     /// The worker's options (its slots bound how many tasks run at once).
     pub worker: WorkerOptions,
+    /// The output mode of every exchange.
+    pub exchange: OutputMode,
 }
 
 impl Default for LocalGraphOptions {
@@ -52,6 +54,7 @@ impl Default for LocalGraphOptions {
                 slots: 4096,
                 ..WorkerOptions::default()
             },
+            exchange: OutputMode::Pipelined,
         }
     }
 }
@@ -74,13 +77,13 @@ impl LocalGraph {
             EXECUTOR_ADDRESS,
             options.worker.clone(),
             fetcher.clone(),
-        );
+        )?;
         let worker = Worker::new(
             "in-process worker",
             WORKER_ADDRESS,
             options.worker.clone(),
             fetcher.clone(),
-        );
+        )?;
         network.add(&executor);
         network.add(&worker);
         let driver = Driver::start(
@@ -156,7 +159,7 @@ impl JobRunner for LocalGraphRunner {
         plan: Arc<dyn ExecutionPlan>,
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let graph = JobGraph::try_new_with(plan, &distributed_graph_options())?;
+        let graph = JobGraph::try_new_with(plan, &self.graph_options())?;
         let schema = graph.schema().clone();
         let runner = self.clone();
         Ok(lazy_stream(schema, async move {
@@ -165,11 +168,25 @@ impl JobRunner for LocalGraphRunner {
         }))
     }
 
+    fn graph_options(&self) -> JobGraphOptions {
+        distributed_graph_options_with(self.options.exchange)
+    }
+
     fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
         let cell = Arc::clone(&self.graph);
         Box::pin(async move {
             let jobs = cell.get()?.driver.progress().await.ok()?;
             progress_line(&jobs)
+        })
+    }
+
+    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
+        let cell = Arc::clone(&self.graph);
+        Box::pin(async move {
+            match cell.get() {
+                Some(local) => local.driver.take_notices().await.unwrap_or_default(),
+                None => Vec::new(),
+            }
         })
     }
 }

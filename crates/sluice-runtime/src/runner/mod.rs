@@ -27,6 +27,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::future::BoxFuture;
 use futures::{TryStreamExt, stream};
+use sluice_planner::JobGraphOptions;
 
 pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
 pub use local::{LocalRunner, spawn_stream};
@@ -48,6 +49,17 @@ pub trait JobRunner: Debug + Send + Sync {
     /// terminal; `None` when the mode has none or nothing runs.
     fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
         Box::pin(async { None })
+    }
+
+    /// How this runner cuts plans into job graphs (EXPLAIN DISTRIBUTED shows the same graph).
+    fn graph_options(&self) -> JobGraphOptions {
+        crate::codec::distributed_graph_options()
+    }
+
+    /// Lines a user should read since the last call (a lost worker, a retried region), oldest
+    /// first; empty for modes without a driver.
+    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
+        Box::pin(async { Vec::new() })
     }
 }
 

@@ -128,7 +128,7 @@ fn a_job_runs_region_by_region_and_is_forgotten_when_done() {
 }
 
 #[test]
-fn output_is_approved_only_for_the_current_attempt_and_stops_retries() {
+fn output_is_approved_only_for_the_current_attempt_and_a_delivering_region_is_still_retried() {
     let mut scheduler = JobScheduler::new(3);
     let (job, _) = scheduler.accept_job(pipelined_job());
     // A region retried before any output: the old attempt's output is refused, the new one's
@@ -136,22 +136,34 @@ fn output_is_approved_only_for_the_current_attempt_and_stops_retries() {
     scheduler.task_status(job, attempt(0, 0, 0), 1, transport("x"));
     assert!(!scheduler.approve_output(job, attempt(1, 0, 0)));
     assert!(scheduler.approve_output(job, attempt(1, 0, 1)));
-    // Once output reached the caller, a failure fails the job instead of retrying.
+    // Output reached the caller; a failure still retries (the job output resumes the streams).
     let actions = scheduler
         .task_status(job, attempt(0, 1, 1), 1, transport("disk full"))
         .actions;
-    assert!(started(&actions).is_empty());
-    let failure = failure(&actions).expect("the job should fail");
+    assert_eq!(failure(&actions), None);
     assert_eq!(
-        failure,
-        JobFailure {
-            task: attempt(0, 1, 1),
-            error: RemoteError::new(ErrorKind::Transport, "disk full"),
-            attempts: 2,
-            delivered: true,
-        }
+        started(&actions),
+        [vec![
+            attempt(0, 0, 2),
+            attempt(0, 1, 2),
+            attempt(1, 0, 2),
+            attempt(1, 1, 2)
+        ]]
     );
     assert!(!scheduler.approve_output(job, attempt(1, 0, 1)));
+    assert!(scheduler.approve_output(job, attempt(1, 0, 2)));
+    // The third charged failure ends it.
+    let actions = scheduler
+        .task_status(job, attempt(1, 1, 2), 1, transport("disk full"))
+        .actions;
+    assert_eq!(
+        failure(&actions),
+        Some(JobFailure {
+            task: attempt(1, 1, 2),
+            error: RemoteError::new(ErrorKind::Transport, "disk full"),
+            attempts: 3,
+        })
+    );
 }
 
 #[test]
@@ -256,7 +268,6 @@ fn a_job_whose_final_attempt_fails_fails_with_the_root_cause() {
     let failure = failure(&last).unwrap();
     assert_eq!(failure.task, attempt(0, 1, 1));
     assert_eq!(failure.attempts, 2);
-    assert!(!failure.delivered);
     assert_eq!(failure.error.message, "boom");
     assert!(last.contains(&SchedulerAction::CleanUpJob { job }));
     assert!(matches!(&last[0], SchedulerAction::StopTasks { tasks, .. } if tasks.len() == 3));
@@ -326,6 +337,17 @@ fn a_lost_task_fails_its_region_even_after_reporting() {
         RemoteError::new(ErrorKind::Transport, "worker 1 lost"),
     );
     assert_eq!(started(&actions).len(), 1);
+    // Losses are not charged: a region may lose more attempts than `max_attempts` and still run.
+    let mut attempt_no = 1;
+    for _ in 0..5 {
+        let actions = scheduler.task_lost(
+            job,
+            attempt(1, 0, attempt_no),
+            RemoteError::new(ErrorKind::Transport, "another worker lost"),
+        );
+        attempt_no += 1;
+        assert_eq!(started(&actions)[0][0].attempt, attempt_no, "{actions:?}");
+    }
     // Losing an attempt that is no longer current changes nothing.
     assert!(
         scheduler
@@ -356,4 +378,117 @@ fn cancelling_a_job_stops_its_tasks_and_forgets_it() {
     );
     assert_eq!(scheduler.active_jobs(), 0);
     assert!(scheduler.cancel_job(job).is_empty());
+}
+
+/// Stage 0 (2 partitions, blocking) → stage 1 (2 partitions, blocking) → stage 2 (final):
+/// regions 0, 1 (stage 0), 2, 3 (stage 1), then 4.
+fn two_blocking_stages() -> Arc<JobGraph> {
+    graph(vec![
+        stage(&[], 2, OutputMode::Blocking),
+        stage(&[(0, InputMode::Shuffle)], 2, OutputMode::Blocking),
+        stage(&[(1, InputMode::Shuffle)], 1, OutputMode::Pipelined),
+    ])
+}
+
+fn task(stage: usize, partition: usize) -> TaskId {
+    TaskId {
+        stage: StageId(stage),
+        partition,
+    }
+}
+
+fn succeed(
+    scheduler: &mut JobScheduler,
+    job: JobId,
+    attempts: &[TaskAttempt],
+) -> Vec<SchedulerAction> {
+    attempts
+        .iter()
+        .flat_map(|a| {
+            scheduler
+                .task_status(job, *a, 1, TaskStatus::Succeeded)
+                .actions
+        })
+        .collect()
+}
+
+#[test]
+fn lost_outputs_a_running_region_needs_are_made_again_before_it_runs_again() {
+    let mut scheduler = JobScheduler::new(2);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    let ready = succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    assert_eq!(started(&ready), [vec![attempt(1, 0, 0)]]);
+    // The worker holding stage 0 partition 1's output dies while stage 1 reads it.
+    let actions = scheduler.outputs_lost(job, &[task(0, 1)]);
+    assert_eq!(
+        actions,
+        [
+            SchedulerAction::StopTasks {
+                job,
+                tasks: vec![attempt(1, 0, 0)]
+            },
+            SchedulerAction::DiscardOutputs {
+                job,
+                tasks: vec![attempt(1, 0, 0)]
+            },
+            SchedulerAction::RegionsRerun {
+                job,
+                producers: vec![RegionId(1)],
+                readers: vec![RegionId(2)],
+            },
+            SchedulerAction::RunRegion {
+                job,
+                region: RegionId(1),
+                tasks: vec![attempt(0, 1, 1)],
+            },
+        ]
+    );
+    // The reader's failure (it lost its input) is stale now and charges nothing.
+    let stale = scheduler.task_status(job, attempt(1, 0, 0), 1, transport("read failed"));
+    assert!(!stale.accepted);
+    // Once the producer is made again, the reader runs its next attempt; the job completes.
+    let ready = succeed(&mut scheduler, job, &[attempt(0, 1, 1)]);
+    assert_eq!(started(&ready), [vec![attempt(1, 0, 1)]]);
+    let done = succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    assert!(done.contains(&SchedulerAction::JobSucceeded { job }));
+}
+
+#[test]
+fn lineage_reaches_back_through_every_lost_stage_and_skips_outputs_nobody_needs() {
+    let mut scheduler = JobScheduler::new(2);
+    let (job, _) = scheduler.accept_job(two_blocking_stages());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    let ready = succeed(&mut scheduler, job, &[attempt(1, 0, 0), attempt(1, 1, 0)]);
+    assert_eq!(started(&ready), [vec![attempt(2, 0, 0)]]);
+    // One worker held stage 0 partition 0 and stage 1 partition 1; stage 2 runs.
+    let actions = scheduler.outputs_lost(job, &[task(0, 0), task(1, 1)]);
+    let rerun = actions.iter().find_map(|a| match a {
+        SchedulerAction::RegionsRerun {
+            producers, readers, ..
+        } => Some((producers.clone(), readers.clone())),
+        _ => None,
+    });
+    // Stage 1 partition 1 must be made again, and it reads stage 0 partition 0: both run again;
+    // stage 1 partition 0's output survived and is kept.
+    assert_eq!(
+        rerun,
+        Some((vec![RegionId(0), RegionId(3)], vec![RegionId(4)]))
+    );
+    // Only the stage-0 region can start now: the stage-1 one waits for it.
+    assert_eq!(started(&actions), [vec![attempt(0, 0, 1)]]);
+    let ready = succeed(&mut scheduler, job, &[attempt(0, 0, 1)]);
+    assert_eq!(started(&ready), [vec![attempt(1, 1, 1)]]);
+    let ready = succeed(&mut scheduler, job, &[attempt(1, 1, 1)]);
+    assert_eq!(started(&ready), [vec![attempt(2, 0, 1)]]);
+}
+
+#[test]
+fn outputs_lost_after_every_reader_finished_change_nothing() {
+    let mut scheduler = JobScheduler::new(2);
+    let (job, _) = scheduler.accept_job(two_blocking_stages());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    succeed(&mut scheduler, job, &[attempt(1, 0, 0), attempt(1, 1, 0)]);
+    // Stage 0's readers (stage 1) all succeeded: its lost output is needed by nobody.
+    assert_eq!(scheduler.outputs_lost(job, &[task(0, 1)]), []);
+    assert_eq!(scheduler.outputs_lost(JobId(99), &[task(0, 1)]), []);
 }

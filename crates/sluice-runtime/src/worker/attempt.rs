@@ -20,7 +20,6 @@ use std::time::Instant;
 
 use datafusion::common::Result;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
@@ -29,6 +28,7 @@ use sluice_planner::AttemptKey;
 
 use super::WorkerShared;
 use super::streams::AttemptStreams;
+use super::task_pool::TaskMemoryPool;
 use crate::analyze::{TaskMetrics, executed_task};
 use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
@@ -118,16 +118,18 @@ fn task_context(shared: &WorkerShared, definition: &TaskDefinition) -> Result<Ar
         config.options_mut().set(name, value)?;
     }
     let template = &shared.template;
+    // Every task of the worker draws on the worker's one pool (and its disk for spills); a session
+    // that set a memory limit of its own also holds each of its tasks to it.
     let worker_runtime = template.runtime_env();
-    // The session's memory limit applies to each of its tasks; without one, the worker's pool.
     let runtime = match definition.memory_limit {
-        Some(limit) => Arc::new(RuntimeEnv {
-            memory_pool: Arc::new(GreedyMemoryPool::new(
-                usize::try_from(limit).unwrap_or(usize::MAX),
+        Some(cap) => Arc::new(RuntimeEnv {
+            memory_pool: Arc::new(TaskMemoryPool::new(
+                Arc::clone(&worker_runtime.memory_pool),
+                usize::try_from(cap).unwrap_or(usize::MAX),
             )),
-            disk_manager: worker_runtime.disk_manager.clone(),
-            cache_manager: worker_runtime.cache_manager.clone(),
-            object_store_registry: worker_runtime.object_store_registry.clone(),
+            disk_manager: Arc::clone(&worker_runtime.disk_manager),
+            cache_manager: Arc::clone(&worker_runtime.cache_manager),
+            object_store_registry: Arc::clone(&worker_runtime.object_store_registry),
         }),
         None => worker_runtime,
     };

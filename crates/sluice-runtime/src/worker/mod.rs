@@ -23,6 +23,7 @@
 
 mod attempt;
 mod streams;
+mod task_pool;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,9 +38,12 @@ use crate::transport::{StatusReporter, StreamFetcher};
 use datafusion::common::runtime::JoinSet;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::{AttemptKey, JobId, WorkerId};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use tokio::task::AbortHandle;
 
@@ -55,6 +59,11 @@ pub struct WorkerOptions {
     pub slots: usize,
     /// How long a read waits for a stream whose task has not started yet.
     pub read_timeout: Duration,
+    /// The worker's memory pool, shared by all its tasks and its stream store (a DataFusion
+    /// `FairSpillPool`); `None` is unbounded.
+    pub memory_limit: Option<usize>,
+    /// Where spill files and blocking outputs go (the system's temporary directory if `None`).
+    pub work_dir: Option<PathBuf>,
     /// Fails chosen attempts (tests only).
     #[cfg(feature = "testing")]
     pub fault: Option<FaultHook>,
@@ -65,6 +74,8 @@ impl Default for WorkerOptions {
         Self {
             slots: 64,
             read_timeout: Duration::from_secs(60),
+            memory_limit: None,
+            work_dir: None,
             #[cfg(feature = "testing")]
             fault: None,
         }
@@ -76,6 +87,8 @@ impl fmt::Debug for WorkerOptions {
         f.debug_struct("WorkerOptions")
             .field("slots", &self.slots)
             .field("read_timeout", &self.read_timeout)
+            .field("memory_limit", &self.memory_limit)
+            .field("work_dir", &self.work_dir)
             .finish()
     }
 }
@@ -124,9 +137,9 @@ impl Worker {
         address: impl Into<String>,
         options: WorkerOptions,
         fetcher: Arc<dyn StreamFetcher>,
-    ) -> Self {
+    ) -> Result<Self> {
         let name = name.into();
-        let runtime = Arc::new(RuntimeEnv::default());
+        let runtime = worker_runtime(&name, &options)?;
         let template =
             SessionContext::new_with_config_rt(SessionConfig::new(), runtime.clone()).task_ctx();
         let store = Arc::new(StreamStore::new(
@@ -134,7 +147,7 @@ impl Worker {
             runtime,
             options.read_timeout,
         ));
-        Self {
+        Ok(Self {
             shared: Arc::new(WorkerShared {
                 name,
                 address: address.into(),
@@ -147,7 +160,7 @@ impl Worker {
                 options,
             }),
             attempts: Arc::new(Mutex::new(JoinSet::new())),
-        }
+        })
     }
 
     /// The worker's name.
@@ -274,6 +287,22 @@ impl Worker {
         self.shared.store.remove_job(job)
     }
 
+    /// Stops every attempt and removes every stream: the driver no longer counts this worker, so
+    /// nothing it runs or holds will be read again.
+    pub fn clean_up_all(&self) -> Result<()> {
+        let mut jobs = self.shared.store.jobs();
+        jobs.extend(self.shared.tasks_lock()?.keys().map(|key| key.job));
+        for job in jobs {
+            self.clean_up_job(job)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes its memory pool has handed out now.
+    pub fn memory_used(&self) -> usize {
+        self.shared.template.runtime_env().memory_pool.reserved()
+    }
+
     /// Attempts running (neither finished nor stopped), and what the store holds.
     pub fn counts(&self) -> (usize, StoreCounts) {
         let running = self.shared.tasks_lock().map(|t| t.len()).unwrap_or(0);
@@ -290,6 +319,27 @@ impl Worker {
             })
             .unwrap_or(0)
     }
+}
+
+/// The runtime of a worker: its memory pool (shared by its tasks and its stream store) and its disk.
+fn worker_runtime(name: &str, options: &WorkerOptions) -> Result<Arc<RuntimeEnv>> {
+    let mut builder = RuntimeEnvBuilder::new();
+    if let Some(limit) = options.memory_limit {
+        builder = builder.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
+    }
+    if let Some(dir) = &options.work_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "{name}: cannot create its work directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        builder = builder.with_disk_manager_builder(
+            DiskManagerBuilder::default()
+                .with_mode(DiskManagerMode::Directories(vec![dir.clone()])),
+        );
+    }
+    builder.build_arc()
 }
 
 impl WorkerShared {

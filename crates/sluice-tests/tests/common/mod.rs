@@ -56,6 +56,9 @@ pub fn runner(mode: ExecutionMode) -> Arc<dyn JobRunner> {
         ExecutionMode::Local => Arc::new(LocalRunner),
         ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner::default()),
         ExecutionMode::LocalCluster => Arc::new(LocalClusterRunner::new(2, None)),
+        ExecutionMode::Cluster => {
+            panic!("cluster mode starts the sluice executable: its tests are sluice-cli's")
+        }
     }
 }
 

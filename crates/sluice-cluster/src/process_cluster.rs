@@ -1,0 +1,291 @@
+//! A cluster of processes: the driver in this process, N `sluice worker` processes of the same
+//! executable started by it, and any worker started elsewhere that joins the driver's address.
+//!
+//! ```text
+//!   this process: ClusterDriver (listens on --driver-listen) ◄── RegisterWorker ── sluice worker × N
+//!                      │ spawns, stdin piped                                       (children)
+//!                      └─ child stdin: "SECRET …\n" (if any), then held open ─► EOF when we exit
+//! ```
+//!
+//! Invariants: a spawned worker never outlives this process: it exits when its stdin reaches end of
+//! file, which the kernel delivers however this process ends (exit, panic, SIGKILL); the cluster
+//! starts only once `min_workers` workers registered, and a child that exits before that fails the
+//! start with what it printed; dropping the cluster ends every child.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::ipc::CompressionType;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use sluice_planner::{JobGraph, OutputMode};
+use sluice_runtime::{DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
+
+use crate::driver_server::ClusterDriver;
+
+/// How to start a cluster of processes.
+#[derive(Debug, Clone)]
+pub struct ProcessClusterOptions {
+    /// The `sluice` executable to start workers from.
+    pub executable: PathBuf,
+    /// Worker processes to start.
+    pub workers: usize,
+    /// Workers that must have registered before the first job runs (spawned or external).
+    pub min_workers: usize,
+    /// Where the driver listens (`host:port`; port 0 picks one).
+    pub driver_listen: String,
+    /// The driver's options.
+    pub driver: DriverOptions,
+    /// Task slots of each spawned worker.
+    pub slots: usize,
+    /// Memory pool of each spawned worker.
+    pub memory_limit: Option<u64>,
+    /// Arrow IPC compression on the Flight data plane.
+    pub compression: Option<CompressionType>,
+    /// How often workers send a heartbeat.
+    pub heartbeat_interval: Duration,
+    /// How long to wait for `min_workers` to register.
+    pub startup_timeout: Duration,
+    /// The output mode of every exchange.
+    pub exchange: OutputMode,
+}
+
+impl ProcessClusterOptions {
+    /// Options for `workers` workers of `executable`, the rest default.
+    pub fn new(executable: PathBuf, workers: usize) -> Self {
+        Self {
+            executable,
+            workers,
+            min_workers: workers,
+            driver_listen: "127.0.0.1:0".to_string(),
+            driver: DriverOptions::default(),
+            slots: WorkerOptions::default().slots,
+            memory_limit: None,
+            compression: None,
+            heartbeat_interval: Duration::from_secs(1),
+            startup_timeout: Duration::from_secs(60),
+            exchange: OutputMode::Pipelined,
+        }
+    }
+}
+
+/// One spawned worker process.
+struct Spawned {
+    child: Child,
+    /// Held open: the child exits when it closes.
+    stdin: Option<ChildStdin>,
+    /// The worker's registration line, once printed.
+    joined: Arc<std::sync::Mutex<Option<String>>>,
+    /// Everything else it printed (for errors).
+    output: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // End of file on its stdin makes it exit; wait briefly, then make sure.
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The driver and its worker processes; see the module docs.
+pub struct ProcessCluster {
+    driver: ClusterDriver,
+    spawned: Vec<Spawned>,
+}
+
+impl std::fmt::Debug for ProcessCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessCluster")
+            .field("driver", &self.driver.address())
+            .field("spawned", &self.spawned.len())
+            .finish()
+    }
+}
+
+impl ProcessCluster {
+    /// Starts the driver and the worker processes, and waits for `min_workers` registrations.
+    pub async fn start(options: ProcessClusterOptions) -> Result<Self> {
+        if options.min_workers == 0 {
+            return Err(DataFusionError::Configuration(
+                "a cluster needs at least one worker: start some (--workers) or wait for external \
+                 ones (--min-workers)"
+                    .to_string(),
+            ));
+        }
+        let driver = ClusterDriver::start_on(
+            &options.driver_listen,
+            options.driver.clone(),
+            WorkerOptions::default(),
+            options.compression,
+        )
+        .await?;
+        let driver_address = local_address(driver.address());
+        let counter = Arc::new(AtomicUsize::new(0));
+        let spawned = (0..options.workers)
+            .map(|index| spawn_worker(&options, &driver_address, index + 1, &counter))
+            .collect::<Result<Vec<_>>>()?;
+        let mut cluster = Self { driver, spawned };
+        cluster.wait_for_workers(&options).await?;
+        Ok(cluster)
+    }
+
+    async fn wait_for_workers(&mut self, options: &ProcessClusterOptions) -> Result<()> {
+        let deadline = Instant::now() + options.startup_timeout;
+        loop {
+            let registered = self.driver.driver().snapshot().await?.workers;
+            if registered >= options.min_workers {
+                return Ok(());
+            }
+            for (index, spawned) in self.spawned.iter_mut().enumerate() {
+                if let Ok(Some(status)) = spawned.child.try_wait() {
+                    let output = spawned
+                        .output
+                        .lock()
+                        .map(|lines| lines.join("\n"))
+                        .unwrap_or_default();
+                    return Err(DataFusionError::Execution(format!(
+                        "worker process {} exited ({status}) before it registered: {output}",
+                        index + 1
+                    )));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(sluice_runtime::error::transport_error(format!(
+                    "{registered} of {} workers registered with the driver at {} within {} s",
+                    options.min_workers,
+                    self.driver.address(),
+                    options.startup_timeout.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The driver's address (where external workers join).
+    pub fn driver_address(&self) -> &str {
+        self.driver.address()
+    }
+
+    /// The process ids of the spawned workers.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.spawned.iter().map(|s| s.child.id()).collect()
+    }
+
+    /// The registration lines the spawned workers printed.
+    pub fn worker_lines(&self) -> Vec<String> {
+        self.spawned
+            .iter()
+            .filter_map(|s| s.joined.lock().ok().and_then(|line| line.clone()))
+            .collect()
+    }
+
+    /// Runs `graph`; the stream is lazy and cancels the job when dropped.
+    pub fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        self.driver.driver().execute(graph, context)
+    }
+
+    /// The driver's state.
+    pub async fn snapshot(&self) -> Result<DriverSnapshot> {
+        self.driver.driver().snapshot().await
+    }
+
+    /// The progress of every running job.
+    pub async fn progress(&self) -> Result<Vec<JobProgress>> {
+        self.driver.driver().progress().await
+    }
+
+    /// Lines for the user since the last call.
+    pub async fn take_notices(&self) -> Result<Vec<String>> {
+        self.driver.driver().take_notices().await
+    }
+}
+
+/// The address a worker on this machine reaches the driver at.
+fn local_address(bound: &str) -> String {
+    match bound.rsplit_once(':') {
+        Some(("0.0.0.0" | "[::]", port)) => format!("127.0.0.1:{port}"),
+        _ => bound.to_string(),
+    }
+}
+
+fn spawn_worker(
+    options: &ProcessClusterOptions,
+    driver: &str,
+    index: usize,
+    counter: &Arc<AtomicUsize>,
+) -> Result<Spawned> {
+    let mut command = Command::new(&options.executable);
+    command
+        .arg("worker")
+        .args(["--driver", driver])
+        .args(["--slots", &options.slots.to_string()])
+        .args([
+            "--heartbeat-interval-ms",
+            &options.heartbeat_interval.as_millis().to_string(),
+        ])
+        .arg("--exit-with-stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(limit) = options.memory_limit {
+        command.args(["--memory-limit", &limit.to_string()]);
+    }
+    if let Some(compression) = options.compression {
+        let name = match compression {
+            CompressionType::ZSTD => "zstd",
+            _ => "lz4",
+        };
+        command.args(["--flight-compression", name]);
+    }
+    let mut child = command.spawn().map_err(|e| {
+        DataFusionError::Execution(format!(
+            "cannot start worker process {index} ({}): {e}",
+            options.executable.display()
+        ))
+    })?;
+    let mut stdin = child.stdin.take();
+    if let Some(pipe) = stdin.as_mut() {
+        // Nothing to hand over yet but the start of the conversation; the pipe stays open.
+        let _ = writeln!(pipe, "SLUICE WORKER {index}");
+        let _ = pipe.flush();
+    }
+    let joined = Arc::new(std::sync::Mutex::new(None));
+    let output = Arc::new(std::sync::Mutex::new(Vec::new()));
+    if let Some(stderr) = child.stderr.take() {
+        let (joined, output) = (joined.clone(), output.clone());
+        let counter = counter.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                let is_join = line.contains(") joined the driver at ");
+                if is_join && let Ok(mut first) = joined.lock() {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    *first = Some(line);
+                    continue;
+                }
+                eprintln!("[worker process {index}] {line}");
+                if let Ok(mut lines) = output.lock() {
+                    lines.push(line);
+                }
+            }
+        });
+    }
+    Ok(Spawned {
+        child,
+        stdin,
+        joined,
+        output,
+    })
+}
