@@ -24,28 +24,36 @@ pub fn bar(len: u64, unit: &str) -> ProgressBar {
 }
 
 /// Runs `work` while `show` receives the runner's live job progress line every 250 ms (only on a
-/// terminal, and only for modes that report progress). Nothing is spawned: the ticks are polled
-/// alongside `work`, and dropping the future stops both.
+/// terminal, and only for modes that report progress) and `say` every notice of the runner (a lost
+/// worker, a retried region; on a terminal or not, so logs keep them), the last ones after `work`
+/// ends. Nothing is spawned: the ticks are polled alongside `work`, and dropping the future stops
+/// both.
 pub async fn with_job_progress<F: Future>(
     runner: &Arc<dyn JobRunner>,
     show: &dyn Fn(&str),
+    say: &dyn Fn(&str),
     work: F,
 ) -> F::Output {
-    if !std::io::stderr().is_terminal() {
-        return work.await;
-    }
+    let terminal = std::io::stderr().is_terminal();
     let mut work = std::pin::pin!(work);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
+    let output = loop {
         tokio::select! {
-            output = &mut work => return output,
+            output = &mut work => break output,
             _ = tick.tick() => {
-                if let Some(line) = runner.progress_line().await {
+                for notice in runner.take_notices().await {
+                    say(&notice);
+                }
+                if terminal && let Some(line) = runner.progress_line().await {
                     show(&line);
                 }
             }
         }
+    };
+    for notice in runner.take_notices().await {
+        say(&notice);
     }
+    output
 }
 
 /// A spinner line for a single query's job progress, hidden when stderr is not a terminal.

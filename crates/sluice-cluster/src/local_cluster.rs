@@ -11,7 +11,7 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode};
-use sluice_runtime::{DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
+use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 use std::sync::Arc;
 
 use crate::driver_server::ClusterDriver;
@@ -126,9 +126,9 @@ impl LocalCluster {
         self.workers.len()
     }
 
-    /// Lines for the user since the last call (lost workers, retried regions).
-    pub async fn take_notices(&self) -> Result<Vec<String>> {
-        self.driver.driver().take_notices().await
+    /// The driver's handle (progress, notices, snapshots).
+    pub fn driver(&self) -> &DriverHandle {
+        self.driver.driver().handle()
     }
 
     /// Runs `graph` on the cluster; the stream is lazy and cancels the job when dropped.

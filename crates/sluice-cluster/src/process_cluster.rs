@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use sluice_planner::{JobGraph, OutputMode};
-use sluice_runtime::{DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
+use sluice_planner::{JobGraph, OutputMode, WorkerId};
+use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 
 use crate::driver_server::ClusterDriver;
 
@@ -135,22 +135,38 @@ impl ProcessCluster {
         let driver_address = local_address(driver.address());
         let counter = Arc::new(AtomicUsize::new(0));
         let spawned = (0..options.workers)
-            .map(|index| spawn_worker(&options, &driver_address, index + 1, &counter))
+            .map(|index| {
+                spawn_worker(
+                    &options,
+                    &driver_address,
+                    index + 1,
+                    &counter,
+                    driver.driver().handle(),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut cluster = Self { driver, spawned };
-        cluster.wait_for_workers(&options).await?;
+        cluster.wait_for_workers(&options, &counter).await?;
         Ok(cluster)
     }
 
-    async fn wait_for_workers(&mut self, options: &ProcessClusterOptions) -> Result<()> {
+    /// Waits until `min_workers` registered. A spawned worker that registered counts even if it
+    /// is lost since (the cluster runs on with the others); one that exits before registering
+    /// fails the start, with what it printed.
+    async fn wait_for_workers(
+        &mut self,
+        options: &ProcessClusterOptions,
+        joined: &AtomicUsize,
+    ) -> Result<()> {
         let deadline = Instant::now() + options.startup_timeout;
         loop {
             let registered = self.driver.driver().snapshot().await?.workers;
-            if registered >= options.min_workers {
+            if registered.max(joined.load(Ordering::SeqCst)) >= options.min_workers {
                 return Ok(());
             }
             for (index, spawned) in self.spawned.iter_mut().enumerate() {
-                if let Ok(Some(status)) = spawned.child.try_wait() {
+                let never_joined = spawned.joined.lock().map(|j| j.is_none()).unwrap_or(true);
+                if never_joined && let Ok(Some(status)) = spawned.child.try_wait() {
                     let output = spawned
                         .output
                         .lock()
@@ -207,10 +223,17 @@ impl ProcessCluster {
         self.driver.driver().progress().await
     }
 
-    /// Lines for the user since the last call.
-    pub async fn take_notices(&self) -> Result<Vec<String>> {
-        self.driver.driver().take_notices().await
+    /// The driver's handle (progress, notices, snapshots).
+    pub fn driver(&self) -> &DriverHandle {
+        self.driver.driver().handle()
     }
+}
+
+/// The worker id in a registration line ("sluice worker 3 (127.0.0.1:40113) joined …").
+fn registered_id(line: &str) -> Option<WorkerId> {
+    let rest = line.split_once("sluice worker ")?.1;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().map(WorkerId)
 }
 
 /// The address a worker on this machine reaches the driver at.
@@ -226,6 +249,7 @@ fn spawn_worker(
     driver: &str,
     index: usize,
     counter: &Arc<AtomicUsize>,
+    handle: &DriverHandle,
 ) -> Result<Spawned> {
     let mut command = Command::new(&options.executable);
     command
@@ -267,18 +291,25 @@ fn spawn_worker(
     if let Some(stderr) = child.stderr.take() {
         let (joined, output) = (joined.clone(), output.clone());
         let counter = counter.clone();
+        let (handle, pid) = (handle.clone(), child.id());
         std::thread::spawn(move || {
+            let mut registered = None;
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
                 let is_join = line.contains(") joined the driver at ");
                 if is_join && let Ok(mut first) = joined.lock() {
                     counter.fetch_add(1, Ordering::SeqCst);
-                    *first = Some(line);
-                    continue;
+                    registered = registered_id(&line);
+                    *first = Some(line.clone());
                 }
                 eprintln!("[worker process {index}] {line}");
                 if let Ok(mut lines) = output.lock() {
                     lines.push(line);
                 }
+            }
+            // Its stderr closed: the process ended (killed, crashed, or it left). The driver hears
+            // it now rather than after the heartbeat timeout; a driver already gone ignores it.
+            if let Some(worker) = registered {
+                let _ = handle.worker_gone(worker, format!("its process (pid {pid}) ended"));
             }
         });
     }
@@ -288,4 +319,16 @@ fn spawn_worker(
         joined,
         output,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_id_is_read_from_its_registration_line() {
+        let line = "sluice worker 12 (127.0.0.1:40113) joined the driver at 127.0.0.1:1";
+        assert_eq!(registered_id(line), Some(WorkerId(12)));
+        assert_eq!(registered_id("[worker process 1] sluice worker x joined"), None);
+    }
 }

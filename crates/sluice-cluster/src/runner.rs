@@ -9,12 +9,10 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use futures::future::BoxFuture;
 use sluice_planner::{JobGraph, JobGraphOptions};
-use sluice_runtime::JobRunner;
 use sluice_runtime::codec::distributed_graph_options_with;
-use sluice_runtime::driver::progress_line;
 use sluice_runtime::runner::lazy_stream;
+use sluice_runtime::{DriverHandle, JobRunner};
 use tokio::sync::OnceCell;
 
 use crate::local_cluster::{ClusterOptions, LocalCluster};
@@ -78,22 +76,8 @@ impl JobRunner for LocalClusterRunner {
         distributed_graph_options_with(self.options.exchange)
     }
 
-    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
-        let cell = Arc::clone(&self.cluster);
-        Box::pin(async move {
-            let jobs = cell.get()?.progress().await.ok()?;
-            progress_line(&jobs)
-        })
-    }
-
-    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
-        let cell = Arc::clone(&self.cluster);
-        Box::pin(async move {
-            match cell.get() {
-                Some(cluster) => cluster.take_notices().await.unwrap_or_default(),
-                None => Vec::new(),
-            }
-        })
+    fn driver(&self) -> Option<DriverHandle> {
+        self.cluster.get().map(|cluster| cluster.driver().clone())
     }
 }
 
@@ -146,21 +130,7 @@ impl JobRunner for ProcessClusterRunner {
         distributed_graph_options_with(self.options.exchange)
     }
 
-    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
-        let cell = Arc::clone(&self.cluster);
-        Box::pin(async move {
-            let jobs = cell.get()?.progress().await.ok()?;
-            progress_line(&jobs)
-        })
-    }
-
-    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
-        let cell = Arc::clone(&self.cluster);
-        Box::pin(async move {
-            match cell.get() {
-                Some(cluster) => cluster.take_notices().await.unwrap_or_default(),
-                None => Vec::new(),
-            }
-        })
+    fn driver(&self) -> Option<DriverHandle> {
+        self.cluster.get().map(|cluster| cluster.driver().clone())
     }
 }

@@ -35,7 +35,9 @@ pub mod worker;
 pub use definition::{
     StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
 };
-pub use driver::{Driver, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, StageProgress};
+pub use driver::{
+    Driver, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, RecoveryCounts, StageProgress,
+};
 pub use error::{ErrorKind, RemoteError, SluiceFailure};
 pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};
 pub use stream_store::{StoreCounts, StreamStore, TaskSender, TaskStreams, receiver_stream};

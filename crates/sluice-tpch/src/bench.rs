@@ -49,6 +49,12 @@ pub struct QueryReport {
     pub matches_local: Option<bool>,
     /// Why it failed, if it did (an error or a verification mismatch).
     pub error: Option<String>,
+    /// Workers lost while it ran (every iteration).
+    pub workers_lost: usize,
+    /// Task regions run again while it ran.
+    pub regions_retried: usize,
+    /// Task attempts started again while it ran.
+    pub tasks_retried: usize,
 }
 
 impl QueryReport {
@@ -176,6 +182,9 @@ async fn run_one(
         verified: None,
         matches_local: None,
         error: None,
+        workers_lost: 0,
+        regions_retried: 0,
+        tasks_retried: 0,
     };
     let query = match tpch_query(number, options.scale_factor) {
         Ok(query) => query,
@@ -184,24 +193,15 @@ async fn run_one(
             return report;
         }
     };
-    let mut last = Vec::new();
-    for iteration in 1..=options.iterations.max(1) {
-        progress(BenchEvent::Running {
-            query: number,
-            iteration,
-        });
-        let start = Instant::now();
-        match run_tpch_query(session, &query).await {
-            Ok(batches) => {
-                report.seconds.push(start.elapsed().as_secs_f64());
-                last = batches;
-            }
-            Err(error) => {
-                report.error = Some(error.to_string());
-                return report;
-            }
-        }
-    }
+    let before = session.runner().recovery().await;
+    let outcome = run_iterations(session, &query, number, options, progress, &mut report).await;
+    let recovery = session.runner().recovery().await.since(&before);
+    report.workers_lost = recovery.workers_lost;
+    report.regions_retried = recovery.regions_retried;
+    report.tasks_retried = recovery.tasks_retried;
+    let Some(last) = outcome else {
+        return report;
+    };
     report.rows = last.iter().map(RecordBatch::num_rows).sum();
     report.min = report.seconds.iter().copied().fold(f64::INFINITY, f64::min);
     report.median = median(&report.seconds);
@@ -223,6 +223,37 @@ async fn run_one(
         }
     }
     report
+}
+
+/// Runs every iteration of `query`, recording their times; `None` (with the error recorded) when
+/// one fails, else the last iteration's batches.
+async fn run_iterations(
+    session: &SluiceSession,
+    query: &TpchQuery,
+    number: u8,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(BenchEvent<'_>),
+    report: &mut QueryReport,
+) -> Option<Vec<RecordBatch>> {
+    let mut last = Vec::new();
+    for iteration in 1..=options.iterations.max(1) {
+        progress(BenchEvent::Running {
+            query: number,
+            iteration,
+        });
+        let start = Instant::now();
+        match run_tpch_query(session, query).await {
+            Ok(batches) => {
+                report.seconds.push(start.elapsed().as_secs_f64());
+                last = batches;
+            }
+            Err(error) => {
+                report.error = Some(error.to_string());
+                return None;
+            }
+        }
+    }
+    Some(last)
 }
 
 /// Runs `query` in `reference` (local mode) and compares its rows, in order, with `actual`.

@@ -12,7 +12,7 @@ use sluice_tpch::bench::{BenchOptions, open_tpch_data};
 use sluice_tpch::{GenOptions, QUERY_NUMBERS};
 use tokio::runtime::Runtime;
 
-use super::tpch::{default_threads, generate_with_progress, run_and_report};
+use super::tpch::{default_threads, generate_with_progress, local_reference, run_and_report};
 
 /// Arguments of `sluice demo`.
 #[derive(Debug, Args)]
@@ -47,11 +47,7 @@ pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<E
     let reference = if config.mode.value == ExecutionMode::Local {
         None
     } else {
-        let mut local = config.clone();
-        local.mode = Sourced::new(ExecutionMode::Local, "sluice demo");
-        let mut reference = SluiceSession::new(&local, crate::runners::runner_for(&local))?;
-        runtime.block_on(open_tpch_data(&mut reference, &args.data, None))?;
-        Some(reference)
+        Some(local_reference(&config, &args.data, runtime)?)
     };
     let options = BenchOptions {
         queries: QUERY_NUMBERS.collect(),

@@ -147,9 +147,11 @@ pub async fn run_statements(
         let start = Instant::now();
         let line = crate::progress::job_line();
         let show = |text: &str| line.set_message(text.to_string());
+        let say = |text: &str| line.suspend(|| eprintln!("{text}"));
         let rows = crate::progress::with_job_progress(
             session.runner(),
             &show,
+            &say,
             write_statement(session, statement, format),
         )
         .await;

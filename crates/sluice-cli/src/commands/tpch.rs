@@ -5,8 +5,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use sluice_engine::{Result, SluiceConfig, SluiceError, SluiceSession};
-use sluice_tpch::bench::{BenchEvent, BenchOptions, BenchReport, open_tpch_data, run_benchmark};
+use sluice_engine::config::Sourced;
+use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError, SluiceSession};
+use sluice_tpch::bench::{
+    BenchEvent, BenchOptions, BenchReport, QueryReport, open_tpch_data, run_benchmark,
+};
 use sluice_tpch::{GenEvent, GenOptions, Manifest, QUERY_NUMBERS, generate};
 use tokio::runtime::Runtime;
 
@@ -68,6 +71,9 @@ pub struct RunArgs {
     /// Scale factor of the data [default: read from DIR/tpch.json].
     #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f64>,
+    /// Also run every query in local mode and compare the rows (any scale factor).
+    #[arg(long)]
+    pub compare_local: bool,
 }
 
 /// Runs a `tpch` sub-command.
@@ -99,9 +105,34 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
                 verify: args.verify,
                 scale_factor,
             };
-            run_and_report(&session, None, &options, args.json.as_deref(), runtime)
+            let reference = if args.compare_local {
+                Some(local_reference(config, &args.data, runtime)?)
+            } else {
+                None
+            };
+            run_and_report(
+                &session,
+                reference.as_ref(),
+                &options,
+                args.json.as_deref(),
+                runtime,
+            )
         }
     }
+}
+
+/// A local-mode session over the TPC-H data in `data`, with `config`'s other settings: the
+/// reference results are compared with.
+pub fn local_reference(
+    config: &SluiceConfig,
+    data: &Path,
+    runtime: &Runtime,
+) -> Result<SluiceSession> {
+    let mut local = config.clone();
+    local.mode = Sourced::new(ExecutionMode::Local, "the local reference");
+    let mut reference = SluiceSession::new(&local, crate::runners::runner_for(&local))?;
+    runtime.block_on(open_tpch_data(&mut reference, data, None))?;
+    Ok(reference)
 }
 
 /// Threads for CPU-bound generation.
@@ -189,10 +220,12 @@ pub fn run_and_report(
             bar.set_message(format!("{label} · {line}"));
         }
     };
+    let say = |line: &str| bar.suspend(|| eprintln!("{line}"));
     let work = run_benchmark(session, reference, options, &mut on_event);
     let report = runtime.block_on(until_ctrl_c(progress::with_job_progress(
         session.runner(),
         &show,
+        &say,
         work,
     )));
     bar.finish_and_clear();
@@ -209,6 +242,41 @@ pub fn run_and_report(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Per query that needed it, and in total, what recovering from failures took (nothing when no
+/// worker was lost and no region retried).
+fn print_recovery(report: &BenchReport) {
+    let recovered = |q: &&QueryReport| q.workers_lost + q.regions_retried > 0;
+    if !report.queries.iter().any(|q| recovered(&q)) {
+        return;
+    }
+    let line = |lost: usize, regions: usize, tasks: usize| {
+        let plural =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        format!(
+            "{} lost, {} ({}) retried",
+            plural(lost, "worker", "workers"),
+            plural(regions, "region", "regions"),
+            plural(tasks, "task", "tasks")
+        )
+    };
+    for q in report.queries.iter().filter(recovered) {
+        println!(
+            "q{}: {}",
+            q.query,
+            line(q.workers_lost, q.regions_retried, q.tasks_retried)
+        );
+    }
+    let sum = |f: fn(&QueryReport) -> usize| report.queries.iter().map(f).sum::<usize>();
+    println!(
+        "recovery: {}",
+        line(
+            sum(|q| q.workers_lost),
+            sum(|q| q.regions_retried),
+            sum(|q| q.tasks_retried)
+        )
+    );
 }
 
 fn print_report(report: &BenchReport, verify: bool) {
@@ -245,6 +313,7 @@ fn print_report(report: &BenchReport, verify: bool) {
             println!("q{}: {error}", query.query);
         }
     }
+    print_recovery(report);
     if verify || report.queries.iter().any(|q| q.matches_local.is_some()) {
         let (passed, failed) = report.counts();
         println!("{passed} passed, {failed} failed");

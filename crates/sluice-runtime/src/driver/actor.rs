@@ -31,7 +31,7 @@ use super::placement::{Location, Placement, PlacementView, Slots, place};
 use super::shipping::ship_stages;
 use super::{
     DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress, Liveness,
-    StageProgress, Submission, WorkerRegistration,
+    RecoveryCounts, StageProgress, Submission, WorkerRegistration,
 };
 use crate::analyze::{is_analyze, stage_reports};
 use crate::definition::{TaskState, TaskStatusReport};
@@ -55,7 +55,7 @@ pub(crate) struct DriverActor {
     workers: BTreeMap<WorkerId, WorkerEntry>,
     /// Addresses of every worker ever registered (lost ones too: locators may still name them).
     addresses: HashMap<WorkerId, String>,
-    lost_workers: usize,
+    recovery: RecoveryCounts,
     next_worker: u64,
     jobs: HashMap<JobId, JobEntry>,
     running: HashMap<AttemptKey, Location>,
@@ -81,7 +81,7 @@ impl DriverActor {
             executor,
             workers: BTreeMap::new(),
             addresses: HashMap::new(),
-            lost_workers: 0,
+            recovery: RecoveryCounts::default(),
             next_worker: 1,
             jobs: HashMap::new(),
             running: HashMap::new(),
@@ -138,6 +138,7 @@ impl DriverActor {
                 }
             }
             DriverEvent::Deregister(worker) => self.worker_lost(worker, "it drained and left"),
+            DriverEvent::Gone { worker, why } => self.worker_lost(worker, &why),
             DriverEvent::Drain(worker) => {
                 if let Some(entry) = self.workers.get_mut(&worker) {
                     entry.draining = true;
@@ -205,8 +206,8 @@ impl DriverActor {
                     running_tasks: self.running.len(),
                     workers: self.workers.len(),
                     busy_slots: self.workers.values().map(|w| w.busy).collect(),
-                    lost_workers: self.lost_workers,
                     waiting_regions: self.waiting.len(),
+                    recovery: self.recovery,
                 });
             }
         }
@@ -477,7 +478,7 @@ impl DriverActor {
         let Some(entry) = self.workers.remove(&worker) else {
             return;
         };
-        self.lost_workers += 1;
+        self.recovery.workers_lost += 1;
         let address = entry.registration.address;
         let mut lost: Vec<AttemptKey> = self
             .running
@@ -587,6 +588,7 @@ impl DriverActor {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.retries += 1;
                     }
+                    self.recovery.regions_retried += 1;
                     let place = self.place_of(job, failed);
                     let text = error.to_string().replace('\n', " ");
                     self.notice(format!(
@@ -605,6 +607,7 @@ impl DriverActor {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.reruns += producers.len();
                     }
+                    self.recovery.regions_retried += producers.len();
                     let list = |regions: &[RegionId]| {
                         regions
                             .iter()
@@ -790,6 +793,9 @@ impl DriverActor {
             return;
         };
         for (attempt, location) in tasks.iter().zip(locations) {
+            if attempt.attempt > 0 {
+                self.recovery.tasks_retried += 1;
+            }
             entry.place(*attempt, *location);
             self.running.insert(attempt.of_job(job), *location);
             if let Location::Worker(w) = location

@@ -114,10 +114,32 @@ pub struct DriverSnapshot {
     pub workers: usize,
     /// Per worker, its task slots in use.
     pub busy_slots: Vec<usize>,
-    /// Workers lost so far.
-    pub lost_workers: usize,
     /// Regions waiting for slots.
     pub waiting_regions: usize,
+    /// What recovering from failures took so far.
+    pub recovery: RecoveryCounts,
+}
+
+/// What recovering from failures took since the driver started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryCounts {
+    /// Workers declared lost (a missed heartbeat, an unreachable address, a dropped connection).
+    pub workers_lost: usize,
+    /// Regions run again: retried after a failure, or re-run because their outputs were lost.
+    pub regions_retried: usize,
+    /// Task attempts started again (every task of each region above).
+    pub tasks_retried: usize,
+}
+
+impl RecoveryCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &RecoveryCounts) -> RecoveryCounts {
+        RecoveryCounts {
+            workers_lost: self.workers_lost.saturating_sub(earlier.workers_lost),
+            regions_retried: self.regions_retried.saturating_sub(earlier.regions_retried),
+            tasks_retried: self.tasks_retried.saturating_sub(earlier.tasks_retried),
+        }
+    }
 }
 
 /// What the actor reacts to.
@@ -132,6 +154,11 @@ pub(crate) enum DriverEvent {
         reply: Option<oneshot::Sender<bool>>,
     },
     Deregister(WorkerId),
+    /// Evidence from outside the driver that a worker is gone (its process ended).
+    Gone {
+        worker: WorkerId,
+        why: String,
+    },
     Drain(WorkerId),
     TaskStatus(TaskStatusReport),
     Submit(Box<Submission>),
@@ -219,6 +246,15 @@ impl DriverHandle {
     /// `worker` leaves (it drained): its slots leave the pool; what it still ran fails over.
     pub fn deregister(&self, worker: WorkerId) -> Result<()> {
         self.send(DriverEvent::Deregister(worker))
+    }
+
+    /// `worker` is gone, for the reason `why` (e.g. its process ended): it is lost now, without
+    /// waiting for its heartbeats to stop.
+    pub fn worker_gone(&self, worker: WorkerId, why: impl Into<String>) -> Result<()> {
+        self.send(DriverEvent::Gone {
+            worker,
+            why: why.into(),
+        })
     }
 
     /// Delivers a task status report.

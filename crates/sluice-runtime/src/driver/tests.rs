@@ -466,7 +466,7 @@ async fn a_run_task_without_an_answer_loses_its_worker_and_the_region_runs_on_th
     tokio::time::sleep(Duration::from_secs(2)).await;
     let snapshot = h.snapshot().await;
     assert_eq!(
-        (snapshot.workers, snapshot.lost_workers),
+        (snapshot.workers, snapshot.recovery.workers_lost),
         (1, 1),
         "{snapshot:?}"
     );
@@ -691,7 +691,7 @@ async fn a_worker_that_stops_sending_heartbeats_is_lost_and_its_region_runs_else
     }
     let snapshot = h.snapshot().await;
     assert_eq!(
-        (snapshot.workers, snapshot.lost_workers),
+        (snapshot.workers, snapshot.recovery.workers_lost),
         (1, 1),
         "{snapshot:?}"
     );
@@ -741,5 +741,8 @@ async fn a_lost_workers_tasks_are_retried_on_the_others() {
     }
     assert!(output.await.unwrap().is_ok());
     let snapshot = h.snapshot().await;
-    assert_eq!((snapshot.lost_workers, snapshot.busy_slots), (1, vec![0]));
+    assert_eq!(
+        (snapshot.recovery.workers_lost, snapshot.busy_slots),
+        (1, vec![0])
+    );
 }

@@ -15,15 +15,14 @@ use std::sync::Arc;
 use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use futures::future::BoxFuture;
 use sluice_planner::{JobGraph, JobGraphOptions, OutputMode, WorkerId};
 use tokio::sync::OnceCell;
 
 use super::{JobRunner, lazy_stream};
 use crate::codec::distributed_graph_options_with;
 use crate::driver::{
-    Driver, DriverOptions, DriverSnapshot, ExecutorEndpoint, Liveness, WorkerRegistration,
-    progress_line,
+    Driver, DriverHandle, DriverOptions, DriverSnapshot, ExecutorEndpoint, Liveness,
+    WorkerRegistration,
 };
 use crate::stream_store::StoreCounts;
 use crate::transport::{InProcessClient, InProcessNetwork};
@@ -172,21 +171,7 @@ impl JobRunner for LocalGraphRunner {
         distributed_graph_options_with(self.options.exchange)
     }
 
-    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
-        let cell = Arc::clone(&self.graph);
-        Box::pin(async move {
-            let jobs = cell.get()?.driver.progress().await.ok()?;
-            progress_line(&jobs)
-        })
-    }
-
-    fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
-        let cell = Arc::clone(&self.graph);
-        Box::pin(async move {
-            match cell.get() {
-                Some(local) => local.driver.take_notices().await.unwrap_or_default(),
-                None => Vec::new(),
-            }
-        })
+    fn driver(&self) -> Option<DriverHandle> {
+        self.graph.get().map(|local| local.driver.handle().clone())
     }
 }

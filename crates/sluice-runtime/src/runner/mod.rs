@@ -29,6 +29,8 @@ use futures::future::BoxFuture;
 use futures::{TryStreamExt, stream};
 use sluice_planner::JobGraphOptions;
 
+use crate::driver::{DriverHandle, RecoveryCounts, progress_line};
+
 pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
 pub use local::{LocalRunner, spawn_stream};
 
@@ -45,21 +47,48 @@ pub trait JobRunner: Debug + Send + Sync {
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream>;
 
-    /// One line describing the running jobs' progress (per stage: tasks done of total, rows), for a
-    /// terminal; `None` when the mode has none or nothing runs.
-    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
-        Box::pin(async { None })
-    }
-
     /// How this runner cuts plans into job graphs (EXPLAIN DISTRIBUTED shows the same graph).
     fn graph_options(&self) -> JobGraphOptions {
         crate::codec::distributed_graph_options()
     }
 
+    /// The driver that runs this runner's jobs, once it started; `None` for modes without one.
+    fn driver(&self) -> Option<DriverHandle> {
+        None
+    }
+
+    /// One line describing the running jobs' progress (per stage: tasks done of total, rows), for a
+    /// terminal; `None` when the mode has none or nothing runs.
+    fn progress_line(&self) -> BoxFuture<'static, Option<String>> {
+        let driver = self.driver();
+        Box::pin(async move { progress_line(&driver?.progress().await.ok()?) })
+    }
+
     /// Lines a user should read since the last call (a lost worker, a retried region), oldest
     /// first; empty for modes without a driver.
     fn take_notices(&self) -> BoxFuture<'static, Vec<String>> {
-        Box::pin(async { Vec::new() })
+        let driver = self.driver();
+        Box::pin(async move {
+            match driver {
+                Some(driver) => driver.take_notices().await.unwrap_or_default(),
+                None => Vec::new(),
+            }
+        })
+    }
+
+    /// What recovering from failures took so far (zero for modes without a driver).
+    fn recovery(&self) -> BoxFuture<'static, RecoveryCounts> {
+        let driver = self.driver();
+        Box::pin(async move {
+            match driver {
+                Some(driver) => driver
+                    .snapshot()
+                    .await
+                    .map(|snapshot| snapshot.recovery)
+                    .unwrap_or_default(),
+                None => RecoveryCounts::default(),
+            }
+        })
     }
 }
 
