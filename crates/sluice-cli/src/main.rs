@@ -63,6 +63,11 @@ struct GlobalArgs {
     /// Cluster mode: workers that must have joined before the first query runs (default: --workers).
     #[arg(long, global = true, value_name = "N")]
     min_workers: Option<usize>,
+    /// Cluster mode and `sluice worker`: the file holding the cluster secret every call between the
+    /// driver and the workers carries (else the SLUICE_SECRET variable; cluster mode makes a random
+    /// one when neither is given, enough for the workers it starts itself).
+    #[arg(long, global = true, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
     /// Arrow IPC compression between workers: none (default), lz4 or zstd.
     #[arg(long, global = true, value_name = "CODEC")]
     flight_compression: Option<FlightCompression>,
@@ -170,9 +175,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = cli
-        .global
-        .load_config()
+    let result = runners::read_given_secret(cli.global.secret_file.as_deref())
+        .and_then(|()| cli.global.load_config())
         .and_then(|config| commands::run(cli.command, config, &runtime));
     // Do not wait for work still unwinding after a cancellation: the process is ending.
     runtime.shutdown_background();

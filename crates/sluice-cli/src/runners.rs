@@ -1,14 +1,15 @@
 //! The runner of each execution mode: the one place the front end turns `--mode` into a
 //! `JobRunner` (the engine knows only the trait).
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::ipc::CompressionType;
 use sluice_cluster::{
-    ClusterOptions, LocalClusterRunner, ProcessClusterOptions, ProcessClusterRunner,
+    ClusterOptions, ClusterSecret, LocalClusterRunner, ProcessClusterOptions, ProcessClusterRunner,
 };
 use sluice_engine::config::FlightCompression;
-use sluice_engine::{ExecutionMode, SluiceConfig};
+use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError};
 use sluice_runtime::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner, WorkerOptions};
 use sluice_slt::RunnerFactory;
 
@@ -51,9 +52,40 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             options.memory_limit = config.memory_limit.value.map(|size| size.0);
             options.compression = compression;
             options.exchange = exchange;
+            options.secret = given_secret();
             Arc::new(ProcessClusterRunner::new(options))
         }
     }
+}
+
+/// The cluster secret this process was given (`--secret-file`, else `SLUICE_SECRET`), read once.
+static GIVEN_SECRET: OnceLock<Option<ClusterSecret>> = OnceLock::new();
+
+/// Reads the secret given to this process, if any; a file that cannot be read, or an empty or
+/// malformed secret, is an error naming where it came from.
+pub fn read_given_secret(file: Option<&Path>) -> Result<()> {
+    let secret = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| SluiceError::io(path, e))?;
+            Some(ClusterSecret::new(&text).map_err(|e| {
+                SluiceError::invalid(format!("--secret-file {}: {e}", path.display()))
+            })?)
+        }
+        None => match std::env::var("SLUICE_SECRET") {
+            Ok(text) => Some(
+                ClusterSecret::new(&text)
+                    .map_err(|e| SluiceError::invalid(format!("SLUICE_SECRET: {e}")))?,
+            ),
+            Err(_) => None,
+        },
+    };
+    let _ = GIVEN_SECRET.set(secret);
+    Ok(())
+}
+
+/// The secret read by [`read_given_secret`].
+pub fn given_secret() -> Option<ClusterSecret> {
+    GIVEN_SECRET.get().cloned().flatten()
 }
 
 /// The Arrow IPC compression `compression` names.

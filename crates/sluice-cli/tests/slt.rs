@@ -119,6 +119,16 @@ fn shared_slt_files_pass_the_same_records_on_a_local_cluster_of_4_workers() {
     assert_same_as_local("local-cluster", &["--workers", "4"]);
 }
 
+#[test]
+fn shared_slt_files_pass_the_same_records_on_3_worker_processes() {
+    assert_same_as_local("cluster", &["--workers", "3"]);
+}
+
+#[test]
+fn shared_slt_files_pass_the_same_records_on_worker_processes_with_blocking_exchanges() {
+    assert_same_as_local("cluster", &["--workers", "2", "--exchange", "blocking"]);
+}
+
 /// Runs `sluice slt` on one file named `name` holding `text`; expects failure, returns stdout.
 fn failing_slt(name: &str, text: &str) -> String {
     let dir = tempfile::tempdir().unwrap();

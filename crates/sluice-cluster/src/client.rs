@@ -10,9 +10,8 @@ use sluice_planner::{AttemptKey, JobId};
 use sluice_runtime::TaskDefinition;
 use sluice_runtime::error::{ErrorKind, RemoteError};
 use sluice_runtime::transport::{RunTaskError, WorkerClient};
-use tonic::transport::Channel;
 
-use crate::net::endpoint;
+use crate::auth::{ClusterSecret, SecretChannel, connect_lazy};
 use crate::proto;
 use crate::proto::worker_service_client::WorkerServiceClient;
 use crate::wire::{attempt_to_proto, encode_definition, from_status};
@@ -21,14 +20,14 @@ use crate::wire::{attempt_to_proto, encode_definition, from_status};
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcWorkerClient {
     address: String,
-    client: WorkerServiceClient<Channel>,
+    client: WorkerServiceClient<SecretChannel>,
 }
 
 impl GrpcWorkerClient {
-    /// A client of the worker at `address` (connected lazily); an address that is not `host:port`
-    /// is an error.
-    pub fn new(address: &str) -> Result<Self> {
-        let client = WorkerServiceClient::new(endpoint(address)?.connect_lazy())
+    /// A client of the worker at `address` (connected lazily), carrying `secret`; an address that
+    /// is not `host:port` is an error.
+    pub fn new(address: &str, secret: &ClusterSecret) -> Result<Self> {
+        let client = WorkerServiceClient::new(connect_lazy(address, secret)?)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         Ok(Self {

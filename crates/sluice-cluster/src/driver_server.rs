@@ -24,6 +24,7 @@ use sluice_runtime::{Driver, DriverOptions, Worker, WorkerOptions};
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{ClusterSecret, guarded};
 use crate::client::GrpcWorkerClient;
 use crate::flight::{FlightFetcher, StreamFlightService};
 use crate::net::{bind, incoming};
@@ -45,23 +46,33 @@ impl ClusterDriver {
         options: DriverOptions,
         executor_options: WorkerOptions,
         compression: Option<CompressionType>,
+        secret: ClusterSecret,
     ) -> Result<Self> {
-        Self::start_on("127.0.0.1:0", options, executor_options, compression).await
+        Self::start_on(
+            "127.0.0.1:0",
+            options,
+            executor_options,
+            compression,
+            secret,
+        )
+        .await
     }
 
-    /// Starts a driver listening on `listen` (`host:port`, port 0 picks one).
+    /// Starts a driver listening on `listen` (`host:port`, port 0 picks one); every call to it, and
+    /// from it, carries `secret`.
     pub async fn start_on(
         listen: &str,
         options: DriverOptions,
         executor_options: WorkerOptions,
         compression: Option<CompressionType>,
+        secret: ClusterSecret,
     ) -> Result<Self> {
         let (listener, address) = bind("the driver", listen).await?;
         let executor = Worker::new(
             "the driver",
             address.clone(),
             executor_options,
-            Arc::new(FlightFetcher),
+            Arc::new(FlightFetcher::new(secret.clone())),
         )?;
         let driver = Driver::start(
             options,
@@ -69,13 +80,20 @@ impl ClusterDriver {
                 address: address.clone(),
                 client: Arc::new(InProcessClient(executor.clone())),
             },
-            Arc::new(FlightFetcher),
+            Arc::new(FlightFetcher::new(secret.clone())),
         );
         executor.set_reporter(WorkerId::DRIVER, driver.reporter())?;
-        let service = DriverServiceServer::new(DriverEndpoint {
-            driver: driver.handle().clone(),
-        });
-        let flight = StreamFlightService::new(Arc::clone(executor.store()), compression);
+        let service = guarded(
+            DriverServiceServer::new(DriverEndpoint {
+                driver: driver.handle().clone(),
+                secret: secret.clone(),
+            }),
+            &secret,
+        )?;
+        let flight = guarded(
+            StreamFlightService::new(Arc::clone(executor.store()), compression),
+            &secret,
+        )?;
         let server = SpawnedTask::spawn(async move {
             let _ = Server::builder()
                 .add_service(service)
@@ -110,6 +128,8 @@ impl ClusterDriver {
 /// `DriverService`: turns each request into a driver event.
 struct DriverEndpoint {
     driver: DriverHandle,
+    /// What the driver's calls to the workers that register carry.
+    secret: ClusterSecret,
 }
 
 fn shutting_down(_: datafusion::common::DataFusionError) -> Status {
@@ -128,7 +148,7 @@ impl DriverService for DriverEndpoint {
                 "RegisterWorker needs an address and at least one task slot",
             ));
         }
-        let client = GrpcWorkerClient::new(&request.address).map_err(|e| {
+        let client = GrpcWorkerClient::new(&request.address, &self.secret).map_err(|e| {
             Status::invalid_argument(format!(
                 "cannot register a worker at '{}': {e}",
                 request.address

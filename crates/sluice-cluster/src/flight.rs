@@ -40,8 +40,8 @@ use sluice_runtime::StreamStore;
 use sluice_runtime::transport::StreamFetcher;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{ClusterSecret, connect_lazy};
 use crate::flight_ipc::encode_stream;
-use crate::net::endpoint;
 use crate::wire::{from_status_at, stream_from_ticket, stream_to_proto, to_status};
 
 type BoxedStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send + 'static>>;
@@ -189,18 +189,28 @@ fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<
     (held > 2 * array.total_buffer_bytes_used() + 4096).then(|| Arc::new(array.gc()) as ArrayRef)
 }
 
-/// Reads streams from other workers over Flight; one connection per stream.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct FlightFetcher;
+/// Reads streams from other workers over Flight, carrying the cluster secret; one connection per
+/// stream.
+#[derive(Debug, Clone)]
+pub(crate) struct FlightFetcher {
+    secret: ClusterSecret,
+}
+
+impl FlightFetcher {
+    pub fn new(secret: ClusterSecret) -> Self {
+        Self { secret }
+    }
+}
 
 impl StreamFetcher for FlightFetcher {
     fn fetch(&self, address: &str, id: StreamId, schema: SchemaRef) -> SendableRecordBatchStream {
         let address = address.to_string();
+        let secret = self.secret.clone();
         let read = async move {
             // One connection per stream: a stream its reader has not reached yet (a join's probe
             // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
             // streams the reader needs first.
-            let mut client = FlightServiceClient::new(endpoint(&address)?.connect_lazy())
+            let mut client = FlightServiceClient::new(connect_lazy(&address, &secret)?)
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX);
             let ticket = Ticket {

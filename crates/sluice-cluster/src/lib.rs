@@ -22,6 +22,7 @@
 
 pub mod proto;
 
+mod auth;
 mod client;
 mod driver_server;
 mod flight;
@@ -34,6 +35,7 @@ mod wire;
 mod worker_process;
 mod worker_server;
 
+pub use auth::ClusterSecret;
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
 pub use process_cluster::{ProcessCluster, ProcessClusterOptions};
 pub use runner::{LocalClusterRunner, ProcessClusterRunner};

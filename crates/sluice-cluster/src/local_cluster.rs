@@ -14,6 +14,7 @@ use sluice_planner::{JobGraph, OutputMode};
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 use std::sync::Arc;
 
+use crate::auth::ClusterSecret;
 use crate::driver_server::ClusterDriver;
 use crate::worker_server::WorkerServer;
 
@@ -32,6 +33,8 @@ pub struct ClusterOptions {
     pub heartbeat_interval: Duration,
     /// The output mode of every exchange.
     pub exchange: OutputMode,
+    /// The secret every call carries (`None`: a random one per cluster).
+    pub secret: Option<ClusterSecret>,
 }
 
 impl Default for ClusterOptions {
@@ -43,6 +46,7 @@ impl Default for ClusterOptions {
             compression: None,
             heartbeat_interval: Duration::from_secs(2),
             exchange: OutputMode::Pipelined,
+            secret: None,
         }
     }
 }
@@ -76,6 +80,7 @@ impl ClusterSnapshot {
 pub struct LocalCluster {
     driver: ClusterDriver,
     workers: Vec<WorkerServer>,
+    secret: ClusterSecret,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -95,10 +100,15 @@ impl LocalCluster {
                 "a local cluster needs at least one worker".to_string(),
             ));
         }
+        let secret = match &options.secret {
+            Some(secret) => secret.clone(),
+            None => ClusterSecret::random()?,
+        };
         let driver = ClusterDriver::start(
             options.driver.clone(),
             options.worker.clone(),
             options.compression,
+            secret.clone(),
         )
         .await?;
         let mut workers = Vec::with_capacity(options.workers);
@@ -107,6 +117,7 @@ impl LocalCluster {
                 format!("worker {}", index + 1),
                 options.worker.clone(),
                 options.compression,
+                secret.clone(),
             )
             .await?;
             worker
@@ -118,7 +129,11 @@ impl LocalCluster {
                 .await?;
             workers.push(worker);
         }
-        Ok(Self { driver, workers })
+        Ok(Self {
+            driver,
+            workers,
+            secret,
+        })
     }
 
     /// Number of workers.
@@ -159,6 +174,11 @@ impl LocalCluster {
     /// Worker `index`'s address (gRPC `WorkerService` and Flight), for tests.
     pub fn worker_address(&self, index: usize) -> Option<&str> {
         self.workers.get(index).map(|w| w.worker().address())
+    }
+
+    /// The secret its calls carry, for tests that call it themselves.
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.secret
     }
 
     /// The driver's address (gRPC `DriverService` and the executor's Flight), for tests.

@@ -25,6 +25,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode, WorkerId};
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 
+use crate::auth::ClusterSecret;
 use crate::driver_server::ClusterDriver;
 
 /// How to start a cluster of processes.
@@ -52,6 +53,9 @@ pub struct ProcessClusterOptions {
     pub startup_timeout: Duration,
     /// The output mode of every exchange.
     pub exchange: OutputMode,
+    /// The secret every call carries (`None`: a random one per run). Spawned workers get it on
+    /// their stdin; workers started elsewhere need it too (`--secret-file`, `SLUICE_SECRET`).
+    pub secret: Option<ClusterSecret>,
 }
 
 impl ProcessClusterOptions {
@@ -69,6 +73,7 @@ impl ProcessClusterOptions {
             heartbeat_interval: Duration::from_secs(1),
             startup_timeout: Duration::from_secs(60),
             exchange: OutputMode::Pipelined,
+            secret: None,
         }
     }
 }
@@ -125,11 +130,16 @@ impl ProcessCluster {
                     .to_string(),
             ));
         }
+        let secret = match &options.secret {
+            Some(secret) => secret.clone(),
+            None => ClusterSecret::random()?,
+        };
         let driver = ClusterDriver::start_on(
             &options.driver_listen,
             options.driver.clone(),
             WorkerOptions::default(),
             options.compression,
+            secret.clone(),
         )
         .await?;
         let driver_address = local_address(driver.address());
@@ -142,6 +152,7 @@ impl ProcessCluster {
                     index + 1,
                     &counter,
                     driver.driver().handle(),
+                    &secret,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -250,6 +261,7 @@ fn spawn_worker(
     index: usize,
     counter: &Arc<AtomicUsize>,
     handle: &DriverHandle,
+    secret: &ClusterSecret,
 ) -> Result<Spawned> {
     let mut command = Command::new(&options.executable);
     command
@@ -282,8 +294,9 @@ fn spawn_worker(
     })?;
     let mut stdin = child.stdin.take();
     if let Some(pipe) = stdin.as_mut() {
-        // Nothing to hand over yet but the start of the conversation; the pipe stays open.
-        let _ = writeln!(pipe, "SLUICE WORKER {index}");
+        // The hand-over: the cluster secret travels here, not on the command line. The pipe
+        // stays open; its end tells the worker to stop.
+        let _ = writeln!(pipe, "SLUICE WORKER {index} {}", secret.expose());
         let _ = pipe.flush();
     }
     let joined = Arc::new(std::sync::Mutex::new(None));
@@ -329,6 +342,9 @@ mod tests {
     fn the_worker_id_is_read_from_its_registration_line() {
         let line = "sluice worker 12 (127.0.0.1:40113) joined the driver at 127.0.0.1:1";
         assert_eq!(registered_id(line), Some(WorkerId(12)));
-        assert_eq!(registered_id("[worker process 1] sluice worker x joined"), None);
+        assert_eq!(
+            registered_id("[worker process 1] sluice worker x joined"),
+            None
+        );
     }
 }

@@ -22,6 +22,7 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use sluice_runtime::WorkerOptions;
 
+use crate::auth::ClusterSecret;
 use crate::worker_server::{Departure, WorkerServer};
 
 /// How a worker process runs.
@@ -44,6 +45,8 @@ pub struct WorkerProcessOptions {
     pub driver_timeout: Duration,
     /// How long a drain may take before the worker exits anyway.
     pub drain_grace: Duration,
+    /// The cluster's secret, which every call carries.
+    pub secret: ClusterSecret,
 }
 
 /// How a worker process ended.
@@ -101,6 +104,7 @@ async fn serve(
         options.advertise.clone(),
         options.worker.clone(),
         options.compression,
+        options.secret.clone(),
     )
     .await?;
     let mut stop = std::pin::pin!(stop);

@@ -30,9 +30,10 @@ use sluice_runtime::transport::StatusReporter;
 use sluice_runtime::{TaskStatusReport, Worker, WorkerOptions};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Server};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{ClusterSecret, SecretChannel, guarded, with_secret};
 use crate::flight::{FlightFetcher, StreamFlightService};
 use crate::net::{bind, endpoint, incoming};
 use crate::proto;
@@ -55,7 +56,8 @@ pub enum Departure {
 pub(crate) struct WorkerServer {
     worker: Worker,
     draining: Arc<AtomicBool>,
-    joined: Option<(WorkerId, DriverServiceClient<Channel>)>,
+    joined: Option<(WorkerId, DriverServiceClient<SecretChannel>)>,
+    secret: ClusterSecret,
     departure: watch::Receiver<Departure>,
     departure_tx: Arc<watch::Sender<Departure>>,
     _server: SpawnedTask<()>,
@@ -68,29 +70,40 @@ impl WorkerServer {
         name: String,
         options: WorkerOptions,
         compression: Option<CompressionType>,
+        secret: ClusterSecret,
     ) -> Result<Self> {
-        Self::start_on(name, "127.0.0.1:0", None, options, compression).await
+        Self::start_on(name, "127.0.0.1:0", None, options, compression, secret).await
     }
 
     /// Starts a worker listening on `listen`; it registers as `advertise` (default: the address it
-    /// got), where the driver and other workers reach it.
+    /// got), where the driver and other workers reach it. Every call to it, and from it, carries
+    /// `secret`.
     pub async fn start_on(
         name: String,
         listen: &str,
         advertise: Option<String>,
         options: WorkerOptions,
         compression: Option<CompressionType>,
+        secret: ClusterSecret,
     ) -> Result<Self> {
         let (listener, bound) = bind(&name, listen).await?;
         let address = advertise.unwrap_or(bound);
-        let worker = Worker::new(name, address, options, Arc::new(FlightFetcher))?;
+        let fetcher = Arc::new(FlightFetcher::new(secret.clone()));
+        let worker = Worker::new(name, address, options, fetcher)?;
         let draining = Arc::new(AtomicBool::new(false));
-        let server = serve_worker(listener, worker.clone(), draining.clone(), compression);
+        let server = serve_worker(
+            listener,
+            worker.clone(),
+            draining.clone(),
+            compression,
+            &secret,
+        )?;
         let (departure_tx, departure) = watch::channel(Departure::Serving);
         Ok(Self {
             worker,
             draining,
             joined: None,
+            secret,
             departure,
             departure_tx: Arc::new(departure_tx),
             _server: server,
@@ -118,7 +131,7 @@ impl WorkerServer {
                 self.worker.name()
             ))
         })?;
-        let client = DriverServiceClient::new(channel);
+        let client = DriverServiceClient::new(with_secret(channel, &self.secret)?);
         let response = client
             .clone()
             .register_worker(proto::RegisterWorkerRequest {
@@ -191,7 +204,7 @@ impl WorkerServer {
 
 /// Sends heartbeats until the driver is lost or drops this worker, then says why.
 async fn beat(
-    mut client: DriverServiceClient<Channel>,
+    mut client: DriverServiceClient<SecretChannel>,
     id: WorkerId,
     interval: Duration,
     driver_timeout: Duration,
@@ -228,23 +241,30 @@ fn serve_worker(
     worker: Worker,
     draining: Arc<AtomicBool>,
     compression: Option<CompressionType>,
-) -> SpawnedTask<()> {
-    let flight = StreamFlightService::new(Arc::clone(worker.store()), compression);
-    let service = WorkerServiceServer::new(WorkerEndpoint { worker, draining })
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
-    SpawnedTask::spawn(async move {
+    secret: &ClusterSecret,
+) -> Result<SpawnedTask<()>> {
+    let flight = guarded(
+        StreamFlightService::new(Arc::clone(worker.store()), compression),
+        secret,
+    )?;
+    let service = guarded(
+        WorkerServiceServer::new(WorkerEndpoint { worker, draining })
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX),
+        secret,
+    )?;
+    Ok(SpawnedTask::spawn(async move {
         // A transport error ends serving; the driver then sees a lost worker.
         let _ = Server::builder()
             .add_service(service)
             .add_service(flight)
             .serve_with_incoming(incoming(listener))
             .await;
-    })
+    }))
 }
 
 /// Status reports of a worker go to the driver over `DriverService`.
-struct RemoteReporter(DriverServiceClient<Channel>);
+struct RemoteReporter(DriverServiceClient<SecretChannel>);
 
 impl StatusReporter for RemoteReporter {
     fn report(&self, report: TaskStatusReport) -> BoxFuture<'static, ()> {

@@ -16,7 +16,10 @@ use sluice_cluster::proto::worker_service_client::WorkerServiceClient;
 use sluice_cluster::{ClusterOptions, LocalCluster};
 use sluice_planner::JobGraph;
 use sluice_runtime::WorkerOptions;
-use tonic::Code;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
 
 async fn cluster() -> LocalCluster {
     LocalCluster::start(ClusterOptions {
@@ -29,6 +32,38 @@ async fn cluster() -> LocalCluster {
     })
     .await
     .unwrap()
+}
+
+/// What an interceptor of a test client sends as its `authorization` header.
+type Header = Option<MetadataValue<Ascii>>;
+
+/// A channel to `address` whose calls carry `header`.
+async fn channel(
+    address: &str,
+    header: Header,
+) -> InterceptedService<Channel, impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone> {
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    InterceptedService::new(channel, move |mut request: Request<()>| {
+        if let Some(value) = &header {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    })
+}
+
+/// The header the cluster's own calls carry.
+fn the_secret(cluster: &LocalCluster) -> Header {
+    Some(
+        format!("Bearer {}", cluster.secret().expose())
+            .parse()
+            .unwrap(),
+    )
 }
 
 async fn run_query(cluster: &LocalCluster) -> String {
@@ -59,9 +94,7 @@ async fn run_query(cluster: &LocalCluster) -> String {
 async fn malformed_run_task_bytes_get_an_error_and_the_worker_keeps_serving() {
     let cluster = cluster().await;
     let address = cluster.worker_address(0).unwrap().to_string();
-    let mut client = WorkerServiceClient::connect(format!("http://{address}"))
-        .await
-        .unwrap();
+    let mut client = WorkerServiceClient::new(channel(&address, the_secret(&cluster)).await);
     let status = client
         .run_task(proto::RunTaskRequest {
             task: vec![0xff, 0x01, 0x02, 0x03],
@@ -106,12 +139,7 @@ async fn malformed_run_task_bytes_get_an_error_and_the_worker_keeps_serving() {
 async fn unknown_and_malformed_tickets_get_an_error_and_the_worker_keeps_serving() {
     let cluster = cluster().await;
     let address = cluster.worker_address(0).unwrap().to_string();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut flight = FlightServiceClient::new(channel);
+    let mut flight = FlightServiceClient::new(channel(&address, the_secret(&cluster)).await);
     let status = flight
         .do_get(Ticket {
             ticket: vec![0xff; 7].into(),
@@ -161,9 +189,8 @@ async fn unknown_and_malformed_tickets_get_an_error_and_the_worker_keeps_serving
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_driver() {
     let cluster = cluster().await;
-    let mut driver = DriverServiceClient::connect(format!("http://{}", cluster.driver_address()))
-        .await
-        .unwrap();
+    let mut driver =
+        DriverServiceClient::new(channel(cluster.driver_address(), the_secret(&cluster)).await);
     let status = driver
         .register_worker(proto::RegisterWorkerRequest {
             address: "not an address".to_string(),
@@ -191,6 +218,61 @@ async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_d
     let snapshot = cluster.snapshot().await.unwrap();
     assert_eq!(snapshot.driver.workers, 1, "{snapshot:?}");
 
+    let expected = "+---+---+\n| k | n |\n+---+---+\n| 0 | 2 |\n| 1 | 3 |\n| 2 | 2 |\n+---+---+";
+    assert_eq!(run_query(&cluster).await, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_the_secret_or_with_a_wrong_one_are_unauthenticated_and_do_nothing() {
+    let cluster = cluster().await;
+    let worker = cluster.worker_address(0).unwrap().to_string();
+    let wrong = Some("Bearer not-the-secret".parse().unwrap());
+    for header in [None, wrong] {
+        let what = format!("{header:?}");
+        // RunTask: refused before its bytes are even decoded (these would be InvalidArgument).
+        let mut client = WorkerServiceClient::new(channel(&worker, header.clone()).await);
+        let status = client
+            .run_task(proto::RunTaskRequest {
+                task: vec![0xff, 0x01],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+        assert_eq!(
+            status.message(),
+            "this call lacks the cluster's secret (or carries a wrong one)"
+        );
+        // DoGet: refused (an unknown stream would be Unavailable after the read timeout).
+        let mut flight = FlightServiceClient::new(channel(&worker, header.clone()).await);
+        let unknown = proto::TaskStreamKey {
+            job: 7,
+            ..Default::default()
+        };
+        let status = flight
+            .do_get(Ticket {
+                ticket: unknown.encode_to_vec().into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+        // The driver: a registration without the secret adds no worker.
+        let mut driver =
+            DriverServiceClient::new(channel(cluster.driver_address(), header.clone()).await);
+        let status = driver
+            .register_worker(proto::RegisterWorkerRequest {
+                address: "127.0.0.1:1".to_string(),
+                slots: 4,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+    }
+    let snapshot = cluster.snapshot().await.unwrap();
+    assert_eq!(
+        (snapshot.driver.workers, snapshot.worker_tasks.clone()),
+        (1, vec![0, 0]),
+        "{snapshot:?}"
+    );
     let expected = "+---+---+\n| k | n |\n+---+---+\n| 0 | 2 |\n| 1 | 3 |\n| 2 | 2 |\n+---+---+";
     assert_eq!(run_query(&cluster).await, expected);
 }

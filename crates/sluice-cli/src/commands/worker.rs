@@ -12,7 +12,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use sluice_cluster::{StopRequest, WorkerExit, WorkerProcessOptions, run_worker_process};
+use sluice_cluster::{
+    ClusterSecret, StopRequest, WorkerExit, WorkerProcessOptions, run_worker_process,
+};
 use sluice_engine::{Result, SluiceConfig, SluiceError};
 use sluice_runtime::WorkerOptions;
 use tokio::runtime::Runtime;
@@ -55,14 +57,30 @@ pub struct WorkerArgs {
 
 /// Runs the worker until it is stopped or loses its driver.
 pub fn run(args: WorkerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
-    if args.exit_with_stdin {
-        // The first line is the parent's hand-over; reading it here keeps it off the command line.
+    let secret = if args.exit_with_stdin {
+        // The first line is the parent's hand-over, "SLUICE WORKER <index> <secret>"; reading it
+        // here keeps the secret off the command line.
         let mut first = String::new();
         std::io::stdin()
             .lock()
             .read_line(&mut first)
             .map_err(|e| SluiceError::io("stdin", e))?;
-    }
+        match first.split_whitespace().nth(3) {
+            Some(text) => Some(
+                ClusterSecret::new(text)
+                    .map_err(|e| SluiceError::invalid(format!("the hand-over on stdin: {e}")))?,
+            ),
+            None => crate::runners::given_secret(),
+        }
+    } else {
+        crate::runners::given_secret()
+    };
+    let secret = secret.ok_or_else(|| {
+        SluiceError::invalid(
+            "sluice worker needs the cluster's secret: --secret-file FILE or SLUICE_SECRET \
+             (the same as the driver's)",
+        )
+    })?;
     let memory_limit = match config.memory_limit.value {
         Some(size) => Some(usize::try_from(size.0).map_err(|_| {
             SluiceError::invalid(format!("memory limit {} does not fit this machine", size.0))
@@ -84,6 +102,7 @@ pub fn run(args: WorkerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result
         heartbeat_interval: Duration::from_millis(args.heartbeat_interval_ms.max(1)),
         driver_timeout: Duration::from_millis(args.driver_timeout_ms.max(1)),
         drain_grace: Duration::from_millis(args.drain_grace_ms),
+        secret,
     };
     let exit_with_stdin = args.exit_with_stdin;
     let exit = runtime.block_on(async move {

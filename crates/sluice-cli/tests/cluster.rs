@@ -1,0 +1,436 @@
+//! `--mode cluster` end to end: the client hosts the driver and starts `sluice worker` processes of
+//! the same binary; these tests kill those processes (and the client) with real signals and check
+//! that every answer equals local mode's and that no worker outlives its client.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::sluice;
+
+/// TPC-H SF 0.1, generated once per test binary.
+fn sf01() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.1-cluster");
+        let output = sluice()
+            .args(["tpch", "gen", "--scale", "0.1", "--out"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        dir
+    })
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The `sluice worker` processes whose parent is `parent`.
+fn worker_pids(parent: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let (Ok(stat), Ok(cmdline)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/stat")),
+            std::fs::read(format!("/proc/{pid}/cmdline")),
+        ) else {
+            continue;
+        };
+        let Some((_, after_name)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid = after_name.split_whitespace().nth(1);
+        let is_worker = cmdline.split(|b| *b == 0).any(|arg| arg == b"worker");
+        if ppid == Some(parent.to_string().as_str()) && is_worker {
+            pids.push(pid);
+        }
+    }
+    pids.sort();
+    pids
+}
+
+/// Whether `pid` is a live process (a zombie waiting to be reaped counts as gone).
+fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+fn wait_until_gone(pids: &[u32], within: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let alive: Vec<u32> = pids.iter().copied().filter(|p| is_alive(*p)).collect();
+        if alive.is_empty() || Instant::now() > deadline {
+            return alive;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// A running client whose stderr is collected line by line.
+struct Client {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+    joined: mpsc::Receiver<()>,
+}
+
+impl Client {
+    fn start(args: &[&str]) -> Self {
+        let mut child = sluice()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (tell, joined) = mpsc::channel();
+        let pipe: ChildStderr = child.stderr.take().unwrap();
+        let lines = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(|l| l.ok()) {
+                if line.contains(" joined the driver at ") {
+                    let _ = tell.send(());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            stderr,
+            joined,
+        }
+    }
+
+    /// Waits until `n` workers printed their registration line.
+    fn wait_joined(&self, n: usize) {
+        for _ in 0..n {
+            self.joined
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("workers did not join: {:?}", self.stderr()));
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    fn finish(mut self) -> (Output, String) {
+        let mut stdout = Vec::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_end(&mut stdout)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        // The reader thread ends with the pipe; give it a moment to store the last lines.
+        std::thread::sleep(Duration::from_millis(100));
+        let stderr = self.stderr();
+        (
+            Output {
+                status,
+                stdout,
+                stderr: Vec::new(),
+            },
+            stderr,
+        )
+    }
+}
+
+#[test]
+fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind() {
+    let data = sf01().to_str().unwrap();
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "3",
+        "tpch",
+        "run",
+        "--data",
+        data,
+        "--compare-local",
+    ]);
+    client.wait_joined(3);
+    let pids = worker_pids(client.child.id());
+    assert_eq!(pids.len(), 3, "{pids:?}: {}", client.stderr());
+    let (output, stderr) = client.finish();
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
+    assert_eq!(stdout.matches("same as local").count(), 22, "{stdout}");
+    assert_eq!(
+        wait_until_gone(&pids, Duration::from_secs(5)),
+        Vec::<u32>::new()
+    );
+}
+
+#[test]
+fn workers_of_a_sigkilled_client_exit_on_their_own() {
+    let data = sf01().to_str().unwrap();
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "3",
+        "tpch",
+        "run",
+        "--data",
+        data,
+        "--iterations",
+        "1000",
+    ]);
+    client.wait_joined(3);
+    let pids = worker_pids(client.child.id());
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    signal(client.child.id(), "KILL");
+    let (output, _) = client.finish();
+    assert_eq!(output.status.code(), None, "killed by a signal");
+    // Their stdin (the client's pipe) closed: each stops at once.
+    assert_eq!(
+        wait_until_gone(&pids, Duration::from_secs(5)),
+        Vec::<u32>::new()
+    );
+}
+
+/// Rows of a CSV output, sorted (the query has no ORDER BY).
+fn sorted_lines(bytes: &[u8]) -> Vec<String> {
+    let mut lines: Vec<String> = text(bytes).lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn a_worker_killed_after_its_final_tasks_delivered_rows_leaves_every_row_exactly_once() {
+    let data = sf01().to_str().unwrap();
+    let query = "select l_orderkey, l_linenumber, l_comment from lineitem";
+    let local = sluice()
+        .args(["sql", "--data", data, "--format", "csv", query])
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", text(&local.stderr));
+    let expected = sorted_lines(&local.stdout);
+    assert_eq!(expected.len(), 600_573, "header and 600 572 rows");
+
+    let mut client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "2",
+        "sql",
+        "--data",
+        data,
+        "--format",
+        "csv",
+        query,
+    ]);
+    client.wait_joined(2);
+    let pids = worker_pids(client.child.id());
+    // Read part of the output, then stop reading: the job stalls on a full pipe with rows of
+    // every final task delivered and more to come. Kill a worker then.
+    let mut stdout = BufReader::new(client.child.stdout.take().unwrap());
+    let mut head = Vec::new();
+    for _ in 0..20_000 {
+        stdout.read_until(b'\n', &mut head).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    signal(pids[0], "KILL");
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let status = client.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let stderr = client.stderr();
+    assert!(status.success(), "{stderr}");
+    head.extend(rest);
+    let actual = sorted_lines(&head);
+    assert_eq!(actual.len(), expected.len(), "{stderr}");
+    assert!(actual == expected, "rows differ from local mode: {stderr}");
+    assert!(stderr.contains(" lost"), "the loss is reported: {stderr}");
+    assert!(stderr.contains("retrying region"), "{stderr}");
+}
+
+/// Runs `scripts/chaos.py` with this test binary's `sluice`; returns its stdout.
+fn chaos(signal: &str, exchange: &str, queries: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/chaos.py");
+    let output = Command::new("python3")
+        .arg(script)
+        .args(["--sluice", env!("CARGO_BIN_EXE_sluice")])
+        .args(["--data", sf01().to_str().unwrap()])
+        .args([
+            "--signal",
+            signal,
+            "--exchange",
+            exchange,
+            "--queries",
+            queries,
+        ])
+        .args(["--seed", "13"])
+        .output()
+        .unwrap();
+    let stdout = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        text(&output.stderr)
+    );
+    stdout
+}
+
+/// The `retried: W workers lost, R regions, T tasks` totals of a chaos run.
+fn retried(stdout: &str) -> (usize, usize, usize) {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("retried: "))
+        .unwrap_or_else(|| panic!("no retried line: {stdout}"));
+    let numbers: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    (numbers[0], numbers[1], numbers[2])
+}
+
+fn assert_chaos(signal: &str, exchange: &str, queries: &str, count: usize) {
+    let stdout = chaos(signal, exchange, queries);
+    assert!(
+        stdout.contains(&format!("{count} passed, 0 failed")),
+        "{stdout}"
+    );
+    let (lost, regions, tasks) = retried(&stdout);
+    // Most signals land while the query runs (the rest after it ended): the runs must have lost
+    // workers and retried regions, or the test proved nothing.
+    assert!(lost * 2 >= count, "{stdout}");
+    assert!(regions > 0 && tasks >= regions, "{stdout}");
+}
+
+#[test]
+fn every_tpch_query_survives_a_sigkilled_worker_with_pipelined_exchanges() {
+    assert_chaos("KILL", "pipelined", "all", 22);
+}
+
+#[test]
+fn every_tpch_query_survives_a_sigkilled_worker_with_blocking_exchanges() {
+    assert_chaos("KILL", "blocking", "all", 22);
+}
+
+#[test]
+fn tpch_queries_survive_a_sigstopped_worker_in_both_exchange_modes() {
+    // A stopped worker is found by its missing heartbeats (3 s), so fewer queries than above.
+    assert_chaos("STOP", "pipelined", "1,3,9,13,18,21", 6);
+    assert_chaos("STOP", "blocking", "1,3,9,13,18,21", 6);
+}
+
+/// A free loopback port (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, "correct-horse-battery-staple\n").unwrap();
+    let wrong_file = dir.path().join("wrong");
+    std::fs::write(&wrong_file, "wrong-horse\n").unwrap();
+    let secret = secret_file.to_str().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let query = "select count(*) as n from (values (1), (2), (3)) as t(x)";
+    // The client starts one worker and waits for a second one, started below.
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "1",
+        "--min-workers",
+        "2",
+        "--driver-listen",
+        &address,
+        "--secret-file",
+        secret,
+        "sql",
+        "--format",
+        "csv",
+        query,
+    ]);
+    client.wait_joined(1);
+    let spawned = worker_pids(client.child.id());
+    assert_eq!(spawned.len(), 1);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", spawned[0])).unwrap();
+    assert!(
+        !text(&cmdline).contains("correct-horse"),
+        "the secret is not on the command line"
+    );
+
+    let without = sluice()
+        .args(["worker", "--driver", &address])
+        .output()
+        .unwrap();
+    assert_eq!(without.status.code(), Some(1));
+    assert_eq!(
+        text(&without.stderr).trim(),
+        "error: sluice worker needs the cluster's secret: --secret-file FILE or SLUICE_SECRET \
+         (the same as the driver's)"
+    );
+    let wrong = sluice()
+        .args(["worker", "--driver", &address, "--secret-file"])
+        .arg(&wrong_file)
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        text(&wrong.stderr).contains("could not register with the driver")
+            && text(&wrong.stderr).contains("lacks the cluster's secret"),
+        "{}",
+        text(&wrong.stderr)
+    );
+
+    let mut external = sluice()
+        .args(["worker", "--driver", &address, "--secret-file", secret])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (output, stderr) = client.finish();
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(text(&output.stdout), "n\n3\n");
+    // The external worker outlives the client by at most its driver timeout (10 s) and says why.
+    let status = external.wait().unwrap();
+    let mut said = String::new();
+    external
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains(") joined the driver at "), "{said}");
+    assert!(
+        said.contains("sluice worker exits: the driver at"),
+        "{said}"
+    );
+}
