@@ -41,7 +41,8 @@ struct Cli {
 /// Flags every command accepts; they override the config file and the environment.
 #[derive(Debug, Args)]
 struct GlobalArgs {
-    /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, [session]).
+    /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
+    /// driver_listen, min_workers, [session]).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
@@ -53,8 +54,8 @@ struct GlobalArgs {
     /// (default 2; 0 with --min-workers waits for workers started elsewhere).
     #[arg(long, global = true, value_name = "N", value_parser = parse_workers_flag)]
     workers: Option<usize>,
-    /// How stage outputs move between stages: pipelined (default) or blocking (files, re-read by a
-    /// retried consumer).
+    /// How stage outputs move between stages: pipelined (default: all stages run at once) or
+    /// blocking (a stage finishes before its readers start; a retried reader re-reads its inputs).
     #[arg(long, global = true, value_name = "MODE")]
     exchange: Option<ExchangeMode>,
     /// Cluster mode: where the driver listens for workers (default 127.0.0.1 on a free port).

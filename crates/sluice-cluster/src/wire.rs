@@ -321,6 +321,8 @@ pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskSt
         output_rows: 0,
         elapsed_ms: 0,
         plan_metrics: String::new(),
+        spilled_bytes: 0,
+        shuffled_bytes: 0,
     };
     match &report.state {
         TaskState::Running => {}
@@ -328,6 +330,8 @@ pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskSt
             message.state = proto::TaskState::Succeeded as i32;
             message.output_rows = metrics.rows;
             message.elapsed_ms = metrics.elapsed_ms;
+            message.spilled_bytes = metrics.spilled_bytes;
+            message.shuffled_bytes = metrics.shuffled_bytes;
             message.plan_metrics = metrics.plan.clone();
         }
         TaskState::Failed(error) => {
@@ -345,6 +349,8 @@ pub(crate) fn report_from_proto(report: &proto::TaskStatusReport) -> Result<Task
         Ok(proto::TaskState::Succeeded) => TaskState::Succeeded(TaskMetrics {
             rows: report.output_rows,
             elapsed_ms: report.elapsed_ms,
+            spilled_bytes: report.spilled_bytes,
+            shuffled_bytes: report.shuffled_bytes,
             plan: report.plan_metrics.clone(),
         }),
         Ok(proto::TaskState::Failed) => TaskState::Failed(match &report.error {

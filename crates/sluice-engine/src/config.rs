@@ -261,6 +261,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SLUICE_SET",
         "DataFusion settings, 'key=value' separated by commas",
     ),
+    (
+        "SLUICE_SECRET",
+        "cluster mode and sluice worker: the cluster secret (read by the CLI, not a setting)",
+    ),
 ];
 
 /// How stage outputs move to the stages that read them.
@@ -462,6 +466,8 @@ impl ConfigLayer {
                 "SLUICE_MEMORY_LIMIT" => {
                     layer.memory_limit = Some(parse_memory_limit(&value).map_err(error)?)
                 }
+                // The cluster secret is read where it is used, and never shown by `sluice config`.
+                "SLUICE_SECRET" => {}
                 "SLUICE_SET" => {
                     for item in value.split(',').filter(|s| !s.trim().is_empty()) {
                         layer.session.push(parse_setting(item).map_err(error)?);

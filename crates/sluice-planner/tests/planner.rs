@@ -250,6 +250,28 @@ async fn recursive_queries_run_whole_on_the_driver() {
 }
 
 #[tokio::test]
+async fn driver_stages_stay_pipelined_when_exchanges_block() {
+    // An unbounded recursive query under a LIMIT: a blocking driver output would never complete.
+    let sql = "with recursive t as (select 1 i union all select g.i from generate_series(1, 1) g(i), t) \
+               select * from t limit 10";
+    let options = JobGraphOptions {
+        exchange_mode: OutputMode::Blocking,
+        ..JobGraphOptions::default()
+    };
+    let g = JobGraph::try_new_with(plan(&context(&[]), sql).await, &options).unwrap();
+    let modes: Vec<(TaskPlacement, OutputMode)> =
+        g.stages().iter().map(|s| (s.placement, s.mode)).collect();
+    assert!(
+        modes.contains(&(TaskPlacement::Driver, OutputMode::Pipelined)),
+        "{modes:?}"
+    );
+    assert!(
+        !modes.contains(&(TaskPlacement::Driver, OutputMode::Blocking)),
+        "{modes:?}"
+    );
+}
+
+#[tokio::test]
 async fn window_top_n_runs_in_the_stage_after_its_repartition() {
     let ctx = context(&[("datafusion.optimizer.enable_window_topn", "true")]);
     let p = plan(

@@ -28,6 +28,10 @@ pub struct TaskMetrics {
     pub rows: u64,
     /// Wall time of the attempt.
     pub elapsed_ms: u64,
+    /// Bytes its operators spilled to disk.
+    pub spilled_bytes: u64,
+    /// Bytes its shuffle writer sent to its output channels (0 without one).
+    pub shuffled_bytes: u64,
     /// The task's plan rendered with its metrics (empty unless asked for, see [`executed_task`]).
     pub plan: String,
 }
@@ -48,10 +52,13 @@ pub fn executed_task(
     elapsed_ms: u64,
     with_plan: bool,
 ) -> TaskMetrics {
-    let rows = plan
-        .metrics()
-        .and_then(|metrics| metrics.sum_by_name("channel_rows"))
-        .map_or(0, |rows| rows.as_usize() as u64);
+    let root = |name: &str| {
+        plan.metrics()
+            .and_then(|metrics| metrics.sum_by_name(name))
+            .map_or(0, |value| value.as_usize() as u64)
+    };
+    let (rows, shuffled_bytes) = (root("channel_rows"), root("channel_bytes"));
+    let spilled_bytes = tree_sum(plan, "spilled_bytes");
     let plan = if with_plan {
         DisplayableExecutionPlan::with_metrics(plan.as_ref())
             .indent(true)
@@ -62,8 +69,23 @@ pub fn executed_task(
     TaskMetrics {
         rows,
         elapsed_ms,
+        spilled_bytes,
+        shuffled_bytes,
         plan,
     }
+}
+
+/// The metric `name` summed over every node of `plan`.
+fn tree_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> u64 {
+    let own = plan
+        .metrics()
+        .and_then(|metrics| metrics.sum_by_name(name))
+        .map_or(0, |value| value.as_usize() as u64);
+    own + plan
+        .children()
+        .into_iter()
+        .map(|child| tree_sum(child, name))
+        .sum::<u64>()
 }
 
 /// Whether the job is an `EXPLAIN ANALYZE` (its final stage's root is `AnalyzeExec`).

@@ -36,7 +36,7 @@ pub use definition::{
     StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
 };
 pub use driver::{
-    Driver, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, RecoveryCounts, StageProgress,
+    Driver, DriverCounters, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, StageProgress,
 };
 pub use error::{ErrorKind, RemoteError, SluiceFailure};
 pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};

@@ -55,6 +55,11 @@ pub struct QueryReport {
     pub regions_retried: usize,
     /// Task attempts started again while it ran.
     pub tasks_retried: usize,
+    /// Bytes spilled to disk, summed over the job's tasks (every iteration; 0 in local mode,
+    /// which has no driver to count them).
+    pub spilled_bytes: u64,
+    /// Bytes written to shuffle channels, summed over the job's tasks (every iteration).
+    pub shuffled_bytes: u64,
 }
 
 impl QueryReport {
@@ -185,6 +190,8 @@ async fn run_one(
         workers_lost: 0,
         regions_retried: 0,
         tasks_retried: 0,
+        spilled_bytes: 0,
+        shuffled_bytes: 0,
     };
     let query = match tpch_query(number, options.scale_factor) {
         Ok(query) => query,
@@ -193,12 +200,14 @@ async fn run_one(
             return report;
         }
     };
-    let before = session.runner().recovery().await;
+    let before = session.runner().counters().await;
     let outcome = run_iterations(session, &query, number, options, progress, &mut report).await;
-    let recovery = session.runner().recovery().await.since(&before);
-    report.workers_lost = recovery.workers_lost;
-    report.regions_retried = recovery.regions_retried;
-    report.tasks_retried = recovery.tasks_retried;
+    let counters = session.runner().counters().await.since(&before);
+    report.workers_lost = counters.workers_lost;
+    report.regions_retried = counters.regions_retried;
+    report.tasks_retried = counters.tasks_retried;
+    report.spilled_bytes = counters.spilled_bytes;
+    report.shuffled_bytes = counters.shuffled_bytes;
     let Some(last) = outcome else {
         return report;
     };

@@ -244,6 +244,22 @@ pub fn run_and_report(
     })
 }
 
+/// `bytes` with a binary unit, e.g. `1.5 GiB`.
+fn human_bytes(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
 /// Per query that needed it, and in total, what recovering from failures took (nothing when no
 /// worker was lost and no region retried).
 fn print_recovery(report: &BenchReport) {
@@ -312,6 +328,15 @@ fn print_report(report: &BenchReport, verify: bool) {
         if let Some(error) = &query.error {
             println!("q{}: {error}", query.query);
         }
+    }
+    let bytes = |f: fn(&QueryReport) -> u64| report.queries.iter().map(f).sum::<u64>();
+    let (shuffled, spilled) = (bytes(|q| q.shuffled_bytes), bytes(|q| q.spilled_bytes));
+    if shuffled + spilled > 0 {
+        println!(
+            "shuffled {}, spilled {} (summed over the jobs' tasks)",
+            human_bytes(shuffled),
+            human_bytes(spilled)
+        );
     }
     print_recovery(report);
     if verify || report.queries.iter().any(|q| q.matches_local.is_some()) {

@@ -132,11 +132,14 @@ impl Builder<'_> {
                     ChildUsage::Once => (node, InputMode::Forward),
                     _ => (coalesce(node), InputMode::Broadcast),
                 };
+                // Pipelined in every exchange mode: the driver is never lost, so its output needs
+                // no replay, and a driver subtree may be unbounded (a recursive query under a
+                // LIMIT), which a blocking output would wait for forever.
                 let stage = self.push_stage(
                     Arc::clone(&node),
                     TaskPlacement::Driver,
                     OutputDistribution::RoundRobin { channels: 1 },
-                    self.options.exchange_mode,
+                    OutputMode::Pipelined,
                 )?;
                 Ok(shared_placeholder(StageInput { stage, mode }, &node, usage))
             }

@@ -30,8 +30,8 @@ use super::output::{FinishedJob, OutputCommand};
 use super::placement::{Location, Placement, PlacementView, Slots, place};
 use super::shipping::ship_stages;
 use super::{
-    DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress, Liveness,
-    RecoveryCounts, StageProgress, Submission, WorkerRegistration,
+    DriverCounters, DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress,
+    Liveness, StageProgress, Submission, WorkerRegistration,
 };
 use crate::analyze::{is_analyze, stage_reports};
 use crate::definition::{TaskState, TaskStatusReport};
@@ -55,7 +55,7 @@ pub(crate) struct DriverActor {
     workers: BTreeMap<WorkerId, WorkerEntry>,
     /// Addresses of every worker ever registered (lost ones too: locators may still name them).
     addresses: HashMap<WorkerId, String>,
-    recovery: RecoveryCounts,
+    counters: DriverCounters,
     next_worker: u64,
     jobs: HashMap<JobId, JobEntry>,
     running: HashMap<AttemptKey, Location>,
@@ -81,7 +81,7 @@ impl DriverActor {
             executor,
             workers: BTreeMap::new(),
             addresses: HashMap::new(),
-            recovery: RecoveryCounts::default(),
+            counters: DriverCounters::default(),
             next_worker: 1,
             jobs: HashMap::new(),
             running: HashMap::new(),
@@ -207,7 +207,7 @@ impl DriverActor {
                     workers: self.workers.len(),
                     busy_slots: self.workers.values().map(|w| w.busy).collect(),
                     waiting_regions: self.waiting.len(),
-                    recovery: self.recovery,
+                    counters: self.counters,
                 });
             }
         }
@@ -387,6 +387,8 @@ impl DriverActor {
         let Some(entry) = self.jobs.get_mut(&job) else {
             return;
         };
+        self.counters.spilled_bytes += metrics.spilled_bytes;
+        self.counters.shuffled_bytes += metrics.shuffled_bytes;
         entry.metrics.insert(attempt, metrics);
         entry.succeeded.insert(attempt.task, attempt.attempt);
         let stage_id = attempt.task.stage;
@@ -478,7 +480,7 @@ impl DriverActor {
         let Some(entry) = self.workers.remove(&worker) else {
             return;
         };
-        self.recovery.workers_lost += 1;
+        self.counters.workers_lost += 1;
         let address = entry.registration.address;
         let mut lost: Vec<AttemptKey> = self
             .running
@@ -588,7 +590,7 @@ impl DriverActor {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.retries += 1;
                     }
-                    self.recovery.regions_retried += 1;
+                    self.counters.regions_retried += 1;
                     let place = self.place_of(job, failed);
                     let text = error.to_string().replace('\n', " ");
                     self.notice(format!(
@@ -607,7 +609,7 @@ impl DriverActor {
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.reruns += producers.len();
                     }
-                    self.recovery.regions_retried += producers.len();
+                    self.counters.regions_retried += producers.len();
                     let list = |regions: &[RegionId]| {
                         regions
                             .iter()
@@ -794,7 +796,7 @@ impl DriverActor {
         };
         for (attempt, location) in tasks.iter().zip(locations) {
             if attempt.attempt > 0 {
-                self.recovery.tasks_retried += 1;
+                self.counters.tasks_retried += 1;
             }
             entry.place(*attempt, *location);
             self.running.insert(attempt.of_job(job), *location);

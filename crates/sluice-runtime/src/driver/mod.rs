@@ -116,28 +116,35 @@ pub struct DriverSnapshot {
     pub busy_slots: Vec<usize>,
     /// Regions waiting for slots.
     pub waiting_regions: usize,
-    /// What recovering from failures took so far.
-    pub recovery: RecoveryCounts,
+    /// What the jobs did so far (retries, spilled and shuffled bytes).
+    pub counters: DriverCounters,
 }
 
-/// What recovering from failures took since the driver started.
+/// What the driver's jobs did since it started: recovering from failures, and the work of their
+/// accepted task attempts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RecoveryCounts {
+pub struct DriverCounters {
     /// Workers declared lost (a missed heartbeat, an unreachable address, a dropped connection).
     pub workers_lost: usize,
     /// Regions run again: retried after a failure, or re-run because their outputs were lost.
     pub regions_retried: usize,
     /// Task attempts started again (every task of each region above).
     pub tasks_retried: usize,
+    /// Bytes spilled to disk by the attempts whose output was used.
+    pub spilled_bytes: u64,
+    /// Bytes written to shuffle channels by the attempts whose output was used.
+    pub shuffled_bytes: u64,
 }
 
-impl RecoveryCounts {
+impl DriverCounters {
     /// What happened between `earlier` and `self`.
-    pub fn since(&self, earlier: &RecoveryCounts) -> RecoveryCounts {
-        RecoveryCounts {
+    pub fn since(&self, earlier: &DriverCounters) -> DriverCounters {
+        DriverCounters {
             workers_lost: self.workers_lost.saturating_sub(earlier.workers_lost),
             regions_retried: self.regions_retried.saturating_sub(earlier.regions_retried),
             tasks_retried: self.tasks_retried.saturating_sub(earlier.tasks_retried),
+            spilled_bytes: self.spilled_bytes.saturating_sub(earlier.spilled_bytes),
+            shuffled_bytes: self.shuffled_bytes.saturating_sub(earlier.shuffled_bytes),
         }
     }
 }

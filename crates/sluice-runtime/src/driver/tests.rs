@@ -317,6 +317,8 @@ impl Harness {
             attempt,
             2,
             TaskState::Succeeded(TaskMetrics {
+                spilled_bytes: 0,
+                shuffled_bytes: 0,
                 rows,
                 elapsed_ms: 1,
                 plan: String::new(),
@@ -390,6 +392,8 @@ async fn a_region_retried_after_a_failure_in_its_middle_returns_only_the_new_att
         key(1, 1, 1, 0),
         2,
         TaskState::Succeeded(TaskMetrics {
+            spilled_bytes: 0,
+            shuffled_bytes: 0,
             rows: 999,
             elapsed_ms: 1,
             plan: String::new(),
@@ -466,7 +470,7 @@ async fn a_run_task_without_an_answer_loses_its_worker_and_the_region_runs_on_th
     tokio::time::sleep(Duration::from_secs(2)).await;
     let snapshot = h.snapshot().await;
     assert_eq!(
-        (snapshot.workers, snapshot.recovery.workers_lost),
+        (snapshot.workers, snapshot.counters.workers_lost),
         (1, 1),
         "{snapshot:?}"
     );
@@ -691,7 +695,7 @@ async fn a_worker_that_stops_sending_heartbeats_is_lost_and_its_region_runs_else
     }
     let snapshot = h.snapshot().await;
     assert_eq!(
-        (snapshot.workers, snapshot.recovery.workers_lost),
+        (snapshot.workers, snapshot.counters.workers_lost),
         (1, 1),
         "{snapshot:?}"
     );
@@ -742,7 +746,7 @@ async fn a_lost_workers_tasks_are_retried_on_the_others() {
     assert!(output.await.unwrap().is_ok());
     let snapshot = h.snapshot().await;
     assert_eq!(
-        (snapshot.recovery.workers_lost, snapshot.busy_slots),
+        (snapshot.counters.workers_lost, snapshot.busy_slots),
         (1, vec![0])
     );
 }

@@ -29,7 +29,7 @@ use futures::future::BoxFuture;
 use futures::{TryStreamExt, stream};
 use sluice_planner::JobGraphOptions;
 
-use crate::driver::{DriverHandle, RecoveryCounts, progress_line};
+use crate::driver::{DriverCounters, DriverHandle, progress_line};
 
 pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
 pub use local::{LocalRunner, spawn_stream};
@@ -76,17 +76,18 @@ pub trait JobRunner: Debug + Send + Sync {
         })
     }
 
-    /// What recovering from failures took so far (zero for modes without a driver).
-    fn recovery(&self) -> BoxFuture<'static, RecoveryCounts> {
+    /// What the driver's jobs did so far: retries, spilled and shuffled bytes (zero for modes
+    /// without a driver).
+    fn counters(&self) -> BoxFuture<'static, DriverCounters> {
         let driver = self.driver();
         Box::pin(async move {
             match driver {
                 Some(driver) => driver
                     .snapshot()
                     .await
-                    .map(|snapshot| snapshot.recovery)
+                    .map(|snapshot| snapshot.counters)
                     .unwrap_or_default(),
-                None => RecoveryCounts::default(),
+                None => DriverCounters::default(),
             }
         })
     }
