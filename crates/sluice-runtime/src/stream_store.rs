@@ -32,11 +32,13 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, SpillMetrics};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, SpillMetrics};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{TryStreamExt, stream};
 use sluice_planner::{AttemptKey, InputKey, JobId, OutputMode, StageId, StreamId};
-use sluice_shuffle::{ChannelReceiver, ChannelSender, ReplayReader, ReplayableOutput, channel_set};
+use sluice_shuffle::{
+    ChannelReceiver, ChannelSender, ReplayReader, ReplayableOutput, Residence, channel_set,
+};
 use tokio::sync::Notify;
 
 use crate::error::transport_error;
@@ -175,6 +177,11 @@ impl StreamStore {
     ) -> Result<TaskSender> {
         let name = format!("{} {key}", self.name);
         let spill = SpillMetrics::new(&ExecutionPlanMetricsSet::new(), key.partition);
+        // Blocking outputs live in files by design: what they write is output, not a spill.
+        let spilled_bytes = match mode {
+            OutputMode::Pipelined => spill.spilled_bytes.clone(),
+            OutputMode::Blocking => Count::new(),
+        };
         let replicas = replicas.max(1);
         let (output, sender) = match mode {
             OutputMode::Pipelined => {
@@ -194,12 +201,15 @@ impl StreamStore {
                 (output, SenderKind::Pipelined { sender, replicas })
             }
             OutputMode::Blocking => {
+                // Kept for the whole job (lineage, retried readers): in files of the worker's
+                // work dir, so they never take memory from the operators.
                 let buffer = ReplayableOutput::new(
                     &name,
                     channels,
                     schema.clone(),
                     self.runtime.clone(),
                     spill,
+                    Residence::Disk,
                 );
                 let output = Output::Blocking {
                     output: Arc::clone(&buffer),
@@ -232,6 +242,7 @@ impl StreamStore {
         Ok(TaskSender {
             kind: sender,
             channels,
+            spilled_bytes,
         })
     }
 
@@ -419,9 +430,16 @@ enum SenderKind {
 pub struct TaskSender {
     kind: SenderKind,
     channels: usize,
+    spilled_bytes: Count,
 }
 
 impl TaskSender {
+    /// Bytes the store spilled of this output so far (its buffers, when the pool was full); the
+    /// counter keeps counting after the sender is gone.
+    pub fn spilled_bytes(&self) -> Count {
+        self.spilled_bytes.clone()
+    }
+
     /// Number of channels (replicas excluded).
     pub fn channels(&self) -> usize {
         self.channels

@@ -38,4 +38,4 @@ pub use kernel::{KernelOptions, ShuffleKernel};
 pub use metrics::ShuffleMetrics;
 pub use modulo::FastModulo;
 pub use partitioner::{Partitioner, RoutedBatch, RoutingScheme, RoutingTimes};
-pub use replay::{ReplayReader, ReplayableOutput};
+pub use replay::{ReplayReader, ReplayableOutput, Residence};

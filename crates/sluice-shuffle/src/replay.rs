@@ -12,7 +12,9 @@
 //! Invariants: every reader of a channel sees exactly the batches appended to it, in order; a reader
 //! that catches up with the writer waits for the next batch or for the writer to close; memory is held
 //! in one `MemoryReservation` and a batch the pool has no room for goes to an lz4 Arrow IPC spill file
-//! (read back by every reader, deleted when the output is dropped); a write never waits for readers.
+//! (read back by every reader, deleted when the output is dropped); an output made [`Residence::Disk`]
+//! writes every batch to such a file and holds no pool memory at all, so outputs kept for a whole
+//! job never take memory from the operators; a write never waits for readers.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -42,9 +44,19 @@ struct State {
     reservation: MemoryReservation,
 }
 
+/// Where a replayable output keeps its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residence {
+    /// In the memory pool while it has room, then in files.
+    Memory,
+    /// Always in Arrow IPC files of the runtime's disk manager.
+    Disk,
+}
+
 /// A blocking stage output's channels; see the module docs. Shared by its writer and its readers.
 pub struct ReplayableOutput {
     name: String,
+    residence: Residence,
     state: Mutex<State>,
     appended: Notify,
     spill: SpillManager,
@@ -59,18 +71,21 @@ impl std::fmt::Debug for ReplayableOutput {
 }
 
 impl ReplayableOutput {
-    /// `channels` empty channels for batches of `schema`, their memory in `runtime`'s pool.
+    /// `channels` empty channels for batches of `schema`, kept as `residence` says (memory in
+    /// `runtime`'s pool, files in its disk manager).
     pub fn new(
         name: &str,
         channels: usize,
         schema: SchemaRef,
         runtime: Arc<RuntimeEnv>,
         spill_metrics: SpillMetrics,
+        residence: Residence,
     ) -> Arc<Self> {
         let spill = SpillManager::new(runtime.clone(), spill_metrics, schema)
             .with_compression_type(SpillCompression::Lz4Frame);
         Arc::new(Self {
             name: name.to_string(),
+            residence,
             state: Mutex::new(State {
                 channels: vec![Vec::new(); channels],
                 writing: true,
@@ -93,7 +108,8 @@ impl ReplayableOutput {
         self.lock().map_or(0, |state| state.channels.len())
     }
 
-    /// Appends `batch` to `channel`, in memory if the pool has room, else in a spill file.
+    /// Appends `batch` to `channel`: in memory if the output resides there and the pool has room,
+    /// else in a file.
     pub fn append(&self, channel: usize, batch: RecordBatch) -> Result<()> {
         let bytes = get_record_batch_memory_size(&batch);
         let entry = {
@@ -105,7 +121,7 @@ impl ReplayableOutput {
                     state.channels.len()
                 )));
             }
-            if state.reservation.try_grow(bytes).is_ok() {
+            if self.residence == Residence::Memory && state.reservation.try_grow(bytes).is_ok() {
                 Some(Entry::Memory(batch.clone()))
             } else {
                 None
@@ -230,6 +246,14 @@ mod tests {
     }
 
     fn output(pool: usize, dir: &std::path::Path) -> Arc<ReplayableOutput> {
+        output_in(pool, dir, Residence::Memory)
+    }
+
+    fn output_in(
+        pool: usize,
+        dir: &std::path::Path,
+        residence: Residence,
+    ) -> Arc<ReplayableOutput> {
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(Arc::new(GreedyMemoryPool::new(pool)))
             .with_disk_manager_builder(
@@ -244,6 +268,7 @@ mod tests {
             schema(),
             runtime,
             SpillMetrics::new(&ExecutionPlanMetricsSet::new(), 0),
+            residence,
         )
     }
 
@@ -285,6 +310,23 @@ mod tests {
             "{} spill files",
             files_in(dir.path())
         );
+        drop(out);
+        assert_eq!(files_in(dir.path()), 0);
+    }
+
+    #[tokio::test]
+    async fn a_disk_output_writes_every_batch_to_a_file_and_holds_no_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = output_in(1 << 30, dir.path(), Residence::Disk);
+        for i in 0..3 {
+            out.append(0, batch(i * 10, 10)).unwrap();
+        }
+        out.close();
+        assert_eq!(out.memory_bytes(), 0);
+        assert_eq!(files_in(dir.path()), 3);
+        let expected: Vec<i64> = (0..30).collect();
+        assert_eq!(read_all(out.reader(0).unwrap()).await, expected);
+        assert_eq!(read_all(out.reader(0).unwrap()).await, expected);
         drop(out);
         assert_eq!(files_in(dir.path()), 0);
     }

@@ -94,7 +94,7 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
     };
     let streams = Arc::new(AttemptStreams::try_new(shared, &definition, &plan)?);
     let inputs = streams.inputs().to_vec();
-    let task_streams: Arc<dyn TaskStreams> = streams;
+    let task_streams: Arc<dyn TaskStreams> = Arc::clone(&streams) as Arc<dyn TaskStreams>;
     let task_plan = assemble_task(
         key.stage,
         plan,
@@ -107,7 +107,9 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
         batch?;
     }
     // The wall time is measured by the caller, around the whole attempt.
-    Ok(executed_task(&task_plan, 0, with_plan))
+    let mut metrics = executed_task(&task_plan, 0, with_plan);
+    metrics.spilled_bytes += streams.output_spilled_bytes();
+    Ok(metrics)
 }
 
 /// The task context of a decoded attempt: the session's settings with the distributed ones on top,

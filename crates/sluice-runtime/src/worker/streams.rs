@@ -10,6 +10,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::Count;
 use sluice_planner::{AttemptKey, InputKey, OutputMode, StageId, StageInputExec};
 
 use super::WorkerShared;
@@ -32,6 +33,8 @@ pub(super) struct AttemptStreams {
     mode: OutputMode,
     store: Arc<StreamStore>,
     fetcher: Arc<dyn StreamFetcher>,
+    /// What the store spilled of this attempt's output, once the writer took its sender.
+    output_spilled: std::sync::Mutex<Option<Count>>,
 }
 
 impl std::fmt::Debug for AttemptStreams {
@@ -44,6 +47,15 @@ impl std::fmt::Debug for AttemptStreams {
 }
 
 impl AttemptStreams {
+    /// Bytes the store spilled of this attempt's output (0 before it was created).
+    pub fn output_spilled_bytes(&self) -> u64 {
+        self.output_spilled
+            .lock()
+            .ok()
+            .and_then(|spilled| spilled.as_ref().map(|count| count.value() as u64))
+            .unwrap_or(0)
+    }
+
     pub fn try_new(
         shared: &WorkerShared,
         definition: &TaskDefinition,
@@ -95,6 +107,7 @@ impl AttemptStreams {
             mode: definition.output_mode,
             store: Arc::clone(&shared.store),
             fetcher: Arc::clone(&shared.fetcher),
+            output_spilled: std::sync::Mutex::new(None),
         })
     }
 
@@ -128,12 +141,16 @@ impl TaskStreams for AttemptStreams {
                 self.worker, self.key
             )));
         }
-        self.store.create_output(
+        let sender = self.store.create_output(
             self.key,
             self.channels,
             self.replicas,
             self.mode,
             self.output_schema.clone(),
-        )
+        )?;
+        if let Ok(mut spilled) = self.output_spilled.lock() {
+            *spilled = Some(sender.spilled_bytes());
+        }
+        Ok(sender)
     }
 }
