@@ -53,7 +53,7 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             options.compression = compression;
             options.exchange = exchange;
             options.secret = given_secret();
-            Arc::new(ProcessClusterRunner::new(options))
+            Arc::new(ProcessClusterRunner::with_options(options))
         }
     }
 }

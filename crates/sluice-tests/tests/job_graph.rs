@@ -51,7 +51,7 @@ async fn try_run_graph(
         ..JobGraphOptions::default()
     };
     let graph = JobGraph::try_new_with(plan, &options).map_err(|e| e.to_string())?;
-    let local = runner.local_graph().await.unwrap();
+    let local = runner.backend().await.unwrap();
     let stream = local.driver().execute(graph, session.context().task_ctx());
     let batches = collect_stream(stream)
         .await
@@ -70,7 +70,7 @@ async fn run_graph(
         ..JobGraphOptions::default()
     };
     let graph = JobGraph::try_new_with(plan, &options).unwrap();
-    let local = runner.local_graph().await.unwrap();
+    let local = runner.backend().await.unwrap();
     let stream = local.driver().execute(graph, session.context().task_ctx());
     let batches: Vec<RecordBatch> = collect_stream(stream).await.unwrap().batches;
     format_rows(&batches).unwrap()

@@ -82,7 +82,7 @@ async fn all_tpch_queries_match_local_mode_on_4_workers() {
 
 /// Waits until the cluster holds no job, task or stream (cleanup RPCs are asynchronous).
 async fn wait_idle(runner: &LocalClusterRunner, within: Duration) -> ClusterSnapshot {
-    let cluster = runner.cluster().await.unwrap();
+    let cluster = runner.backend().await.unwrap();
     let deadline = Instant::now() + within;
     loop {
         let snapshot = cluster.snapshot().await.unwrap();
@@ -188,7 +188,7 @@ async fn a_failed_consumer_of_blocking_outputs_rereads_them_without_recomputing_
     assert!(graph.topology().regions().len() >= graph.stages().len());
     final_stage.store(graph.final_stage().0, Ordering::SeqCst);
     let stream = runner
-        .cluster()
+        .backend()
         .await
         .unwrap()
         .execute(graph, cluster.context().task_ctx());
@@ -281,7 +281,7 @@ async fn dropping_the_output_stops_every_task_and_frees_every_stream() {
         "no first batch: {first:?}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let busy = runner.cluster().await.unwrap().snapshot().await.unwrap();
+    let busy = runner.backend().await.unwrap().snapshot().await.unwrap();
     assert!(
         busy.worker_tasks.iter().sum::<usize>() > 0 && busy.driver.running_tasks > 0,
         "tasks should be running: {busy:?}"
@@ -335,7 +335,7 @@ async fn a_cpu_bound_job_stops_on_every_worker_within_a_second_of_its_cancellati
     let took = cancel_cross_join(&cluster, || {
         let handle = handle.clone();
         async move {
-            let snapshot = handle.cluster().await.unwrap().snapshot().await.unwrap();
+            let snapshot = handle.backend().await.unwrap().snapshot().await.unwrap();
             (snapshot.is_idle(), format!("{snapshot:?}"))
         }
     })
@@ -353,7 +353,7 @@ async fn a_cpu_bound_job_stops_on_every_worker_within_a_second_of_its_cancellati
         let handle = graph_runner.clone();
         async move {
             let (driver, workers) = handle
-                .local_graph()
+                .backend()
                 .await
                 .unwrap()
                 .snapshot()

@@ -14,12 +14,10 @@ use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_plan::ExecutionPlan;
-use sluice_planner::{JobGraph, JobGraphOptions, OutputMode, WorkerId};
-use tokio::sync::OnceCell;
+use futures::future::BoxFuture;
+use sluice_planner::{JobGraph, OutputMode, WorkerId};
 
-use super::{JobRunner, lazy_stream};
-use crate::codec::distributed_graph_options_with;
+use super::driven::{DriverBackend, DriverRunner};
 use crate::driver::{
     Driver, DriverHandle, DriverOptions, DriverSnapshot, ExecutorEndpoint, Liveness,
     WorkerRegistration,
@@ -122,56 +120,27 @@ impl LocalGraph {
     }
 }
 
+impl DriverBackend for LocalGraph {
+    type Options = LocalGraphOptions;
+    const MODE: &'static str = "local-graph";
+
+    fn start(options: LocalGraphOptions) -> BoxFuture<'static, Result<Self>> {
+        Box::pin(LocalGraph::start(options))
+    }
+
+    fn exchange(options: &LocalGraphOptions) -> OutputMode {
+        options.exchange
+    }
+
+    fn handle(&self) -> &DriverHandle {
+        self.driver.handle()
+    }
+
+    fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        self.driver.execute(graph, context)
+    }
+}
+
 /// Runs plans as job graphs in this process; the driver starts on the first query and serves every
 /// later one of the session.
-#[derive(Debug, Clone, Default)]
-pub struct LocalGraphRunner {
-    options: LocalGraphOptions,
-    graph: Arc<OnceCell<LocalGraph>>,
-}
-
-impl LocalGraphRunner {
-    /// A runner with explicit options (tests: fault hooks, retries).
-    pub fn with_options(options: LocalGraphOptions) -> Self {
-        Self {
-            options,
-            graph: Arc::new(OnceCell::new()),
-        }
-    }
-
-    /// The driver and worker, starting them if this is the first use.
-    pub async fn local_graph(&self) -> Result<&LocalGraph> {
-        let options = self.options.clone();
-        self.graph
-            .get_or_try_init(|| LocalGraph::start(options))
-            .await
-    }
-}
-
-impl JobRunner for LocalGraphRunner {
-    fn mode_name(&self) -> &'static str {
-        "local-graph"
-    }
-
-    fn execute(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        task_ctx: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let graph = JobGraph::try_new_with(plan, &self.graph_options())?;
-        let schema = graph.schema().clone();
-        let runner = self.clone();
-        Ok(lazy_stream(schema, async move {
-            let local = runner.local_graph().await?;
-            Ok(local.driver.execute(graph, task_ctx))
-        }))
-    }
-
-    fn graph_options(&self) -> JobGraphOptions {
-        distributed_graph_options_with(self.options.exchange)
-    }
-
-    fn driver(&self) -> Option<DriverHandle> {
-        self.graph.get().map(|local| local.driver.handle().clone())
-    }
-}
+pub type LocalGraphRunner = DriverRunner<LocalGraph>;

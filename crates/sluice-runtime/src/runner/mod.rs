@@ -13,6 +13,7 @@
 //!                          gRPC and Arrow Flight on loopback
 //! ```
 
+mod driven;
 mod graph;
 mod local;
 
@@ -31,6 +32,7 @@ use sluice_planner::JobGraphOptions;
 
 use crate::driver::{DriverCounters, DriverHandle, progress_line};
 
+pub use driven::{DriverBackend, DriverRunner};
 pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
 pub use local::{LocalRunner, spawn_stream};
 

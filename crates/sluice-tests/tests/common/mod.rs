@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use sluice_cluster::LocalClusterRunner;
+use sluice_cluster::{ClusterOptions, LocalClusterRunner};
 use sluice_engine::config::ConfigLayer;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceSession};
 use sluice_runtime::{JobRunner, LocalGraphRunner, LocalRunner};
@@ -55,7 +55,10 @@ pub fn runner(mode: ExecutionMode) -> Arc<dyn JobRunner> {
     match mode {
         ExecutionMode::Local => Arc::new(LocalRunner),
         ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner::default()),
-        ExecutionMode::LocalCluster => Arc::new(LocalClusterRunner::new(2, None)),
+        ExecutionMode::LocalCluster => Arc::new(LocalClusterRunner::with_options(ClusterOptions {
+            workers: 2,
+            ..ClusterOptions::default()
+        })),
         ExecutionMode::Cluster => {
             panic!("cluster mode starts the sluice executable: its tests are sluice-cli's")
         }
