@@ -160,10 +160,10 @@ impl Client {
     }
 }
 
-#[test]
-fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind() {
+/// `sluice --mode cluster --workers 3 tpch run --data <SF 0.1> <extra>`, started.
+fn tpch_on_three_workers(extra: &[&str]) -> Client {
     let data = sf01().to_str().unwrap();
-    let client = Client::start(&[
+    let mut args = vec![
         "--mode",
         "cluster",
         "--workers",
@@ -172,8 +172,14 @@ fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind
         "run",
         "--data",
         data,
-        "--compare-local",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    Client::start(&args)
+}
+
+#[test]
+fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind() {
+    let client = tpch_on_three_workers(&["--compare-local"]);
     client.wait_joined(3);
     let pids = worker_pids(client.child.id());
     assert_eq!(pids.len(), 3, "{pids:?}: {}", client.stderr());
@@ -190,19 +196,7 @@ fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind
 
 #[test]
 fn workers_of_a_sigkilled_client_exit_on_their_own() {
-    let data = sf01().to_str().unwrap();
-    let client = Client::start(&[
-        "--mode",
-        "cluster",
-        "--workers",
-        "3",
-        "tpch",
-        "run",
-        "--data",
-        data,
-        "--iterations",
-        "1000",
-    ]);
+    let client = tpch_on_three_workers(&["--iterations", "1000"]);
     client.wait_joined(3);
     let pids = worker_pids(client.child.id());
     assert_eq!(pids.len(), 3, "{pids:?}");

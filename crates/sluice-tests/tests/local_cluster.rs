@@ -352,13 +352,7 @@ async fn a_cpu_bound_job_stops_on_every_worker_within_a_second_of_its_cancellati
     let took = cancel_cross_join(&graph, || {
         let handle = graph_runner.clone();
         async move {
-            let (driver, workers) = handle
-                .backend()
-                .await
-                .unwrap()
-                .snapshot()
-                .await
-                .unwrap();
+            let (driver, workers) = handle.backend().await.unwrap().snapshot().await.unwrap();
             let idle = driver.jobs == 0
                 && driver.running_tasks == 0
                 && workers
