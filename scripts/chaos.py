@@ -39,10 +39,19 @@ def worker_pids(parent):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"worker" in argv:
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and state not in ("Z", "X") and b"worker" in argv:
             pids.append(int(entry))
     return sorted(pids)
+
+
+def try_kill(pid, sig):
+    """Sends `sig` to `pid`; False when it is gone already."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def run_query(args, query, disturb, iterations=1):
@@ -61,11 +70,13 @@ def run_query(args, query, disturb, iterations=1):
         client = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+        stderr = client.stderr
+        client.stderr = None  # read by the thread below only (communicate reads stdout)
         lines = []
         joined = threading.Event()
 
         def read_stderr():
-            for line in client.stderr:
+            for line in stderr:
                 lines.append(line.rstrip("\n"))
                 if sum(" joined the driver at " in l for l in lines) >= args.workers:
                     joined.set()
@@ -76,8 +87,19 @@ def run_query(args, query, disturb, iterations=1):
         outcome = {}
         if joined.wait(timeout=120) and client.poll() is None:
             outcome = disturb(client) or {}
-        stdout = client.stdout.read()
-        client.wait(timeout=args.timeout)
+        try:
+            stdout, _ = client.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            # A hung query: stop the client and its workers, and report it as failed.
+            for pid in worker_pids(client.pid):
+                try_kill(pid, signal.SIGKILL)
+            client.kill()
+            stdout, _ = client.communicate()
+            lines.append(f"chaos: timed out after {args.timeout} s")
+        finally:
+            victim = outcome.get("signalled")
+            if victim is not None:
+                try_kill(victim, signal.SIGKILL)  # a stopped worker cannot see its stdin close
         reader.join(timeout=5)
         report = None
         if os.path.exists(report_path):
@@ -129,7 +151,8 @@ def main():
             if not pids:
                 return {"signalled": None}
             victim = rng.choice(pids)
-            os.kill(victim, sig)
+            if not try_kill(victim, sig):
+                return {"signalled": None}
             return {"signalled": victim}
 
         report, stdout, lines, code, outcome = run_query(args, query, disturb)

@@ -95,6 +95,15 @@ struct Client {
     child: Child,
     stderr: Arc<Mutex<Vec<String>>>,
     joined: mpsc::Receiver<()>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Client {
+    /// A failed assertion leaves no client behind (its workers follow it).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Client {
@@ -109,7 +118,7 @@ impl Client {
         let (tell, joined) = mpsc::channel();
         let pipe: ChildStderr = child.stderr.take().unwrap();
         let lines = Arc::clone(&stderr);
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(|l| l.ok()) {
                 if line.contains(" joined the driver at ") {
                     let _ = tell.send(());
@@ -121,6 +130,7 @@ impl Client {
             child,
             stderr,
             joined,
+            reader: Some(reader),
         }
     }
 
@@ -130,6 +140,13 @@ impl Client {
             self.joined
                 .recv_timeout(Duration::from_secs(60))
                 .unwrap_or_else(|_| panic!("workers did not join: {:?}", self.stderr()));
+        }
+    }
+
+    /// Waits until the client's stderr ended and every line of it was stored.
+    fn join_stderr(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
         }
     }
 
@@ -146,8 +163,7 @@ impl Client {
             .read_to_end(&mut stdout)
             .unwrap();
         let status = self.child.wait().unwrap();
-        // The reader thread ends with the pipe; give it a moment to store the last lines.
-        std::thread::sleep(Duration::from_millis(100));
+        self.join_stderr();
         let stderr = self.stderr();
         (
             Output {
@@ -255,7 +271,7 @@ fn a_worker_killed_after_its_final_tasks_delivered_rows_leaves_every_row_exactly
     let mut rest = Vec::new();
     stdout.read_to_end(&mut rest).unwrap();
     let status = client.child.wait().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    client.join_stderr();
     let stderr = client.stderr();
     assert!(status.success(), "{stderr}");
     head.extend(rest);
@@ -413,7 +429,17 @@ fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() 
     assert!(output.status.success(), "{stderr}");
     assert_eq!(text(&output.stdout), "n\n3\n");
     // The external worker outlives the client by at most its driver timeout (10 s) and says why.
-    let status = external.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = external.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = external.kill();
+            panic!("the external worker did not exit after its driver ended");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let mut said = String::new();
     external
         .stderr

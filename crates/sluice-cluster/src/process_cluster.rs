@@ -16,7 +16,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::ipc::CompressionType;
@@ -143,36 +142,37 @@ impl ProcessCluster {
         )
         .await?;
         let driver_address = local_address(driver.address());
-        let counter = Arc::new(AtomicUsize::new(0));
         let spawned = (0..options.workers)
             .map(|index| {
                 spawn_worker(
                     &options,
                     &driver_address,
                     index + 1,
-                    &counter,
                     driver.driver().handle(),
                     &secret,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
         let mut cluster = Self { driver, spawned };
-        cluster.wait_for_workers(&options, &counter).await?;
+        cluster.wait_for_workers(&options).await?;
         Ok(cluster)
     }
 
     /// Waits until `min_workers` registered. A spawned worker that registered counts even if it
     /// is lost since (the cluster runs on with the others); one that exits before registering
     /// fails the start, with what it printed.
-    async fn wait_for_workers(
-        &mut self,
-        options: &ProcessClusterOptions,
-        joined: &AtomicUsize,
-    ) -> Result<()> {
+    async fn wait_for_workers(&mut self, options: &ProcessClusterOptions) -> Result<()> {
         let deadline = Instant::now() + options.startup_timeout;
         loop {
             let registered = self.driver.driver().snapshot().await?.workers;
-            if registered.max(joined.load(Ordering::SeqCst)) >= options.min_workers {
+            // Spawned workers that joined at least once (each counted once, also if it joined
+            // again or was lost since).
+            let spawned_joined = self
+                .spawned
+                .iter()
+                .filter(|s| s.joined.lock().map(|j| j.is_some()).unwrap_or(false))
+                .count();
+            if registered.max(spawned_joined) >= options.min_workers {
                 return Ok(());
             }
             for (index, spawned) in self.spawned.iter_mut().enumerate() {
@@ -259,7 +259,6 @@ fn spawn_worker(
     options: &ProcessClusterOptions,
     driver: &str,
     index: usize,
-    counter: &Arc<AtomicUsize>,
     handle: &DriverHandle,
     secret: &ClusterSecret,
 ) -> Result<Spawned> {
@@ -303,18 +302,17 @@ fn spawn_worker(
     let output = Arc::new(std::sync::Mutex::new(Vec::new()));
     if let Some(stderr) = child.stderr.take() {
         let (joined, output) = (joined.clone(), output.clone());
-        let counter = counter.clone();
         let (handle, pid) = (handle.clone(), child.id());
         std::thread::spawn(move || {
             let mut registered = None;
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
                 let is_join = line.contains(") joined the driver at ");
                 if is_join && let Ok(mut first) = joined.lock() {
-                    counter.fetch_add(1, Ordering::SeqCst);
                     registered = registered_id(&line);
                     *first = Some(line.clone());
                 }
-                eprintln!("[worker process {index}] {line}");
+                // Not eprintln!: a closed stderr must not end this relay (it reports the exit).
+                let _ = writeln!(std::io::stderr().lock(), "[worker process {index}] {line}");
                 if let Ok(mut lines) = output.lock() {
                     lines.push(line);
                 }

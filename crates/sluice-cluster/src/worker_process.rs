@@ -11,11 +11,13 @@
 //!     │                    ─► drop every task and stream, RegisterWorker again (a new id)
 //! ```
 //!
-//! Invariant: the worker's files live in `<work dir>/sluice-work`, which it empties when it starts
-//! and removes when it ends (nothing else in the work directory is touched).
+//! Invariant: the worker's files (spills, blocking outputs) live in `<work dir>/sluice-work-<pid>`,
+//! which it creates empty and removes when it ends; at start it also removes the directories that
+//! workers no longer running left there (SIGKILLed ones). Nothing else in the work directory is
+//! touched.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use datafusion::arrow::ipc::CompressionType;
@@ -67,9 +69,48 @@ pub enum StopRequest {
     Now,
 }
 
-/// The default work directory of this process.
+/// Where a worker's work directory goes when `--work-dir` is not given: the system's temporary
+/// directory.
 pub fn default_work_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("sluice-worker-{}", std::process::id()))
+    std::env::temp_dir()
+}
+
+/// The prefix of every worker's own directory inside a work directory.
+const OWN_DIR: &str = "sluice-work-";
+
+/// This process's own directory inside `base`: workers sharing a work directory never touch each
+/// other's files.
+fn own_dir(base: &Path) -> PathBuf {
+    base.join(format!("{OWN_DIR}{}", std::process::id()))
+}
+
+/// Removes what workers that are gone (killed before they could clean up) left in `base`: the
+/// directories of process ids that no longer run. Only where `/proc` says which ids run.
+fn remove_stale(base: &Path) {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(OWN_DIR)) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Removes the worker's own directory when it is dropped, however the worker ends.
+struct OwnDir(PathBuf);
+
+impl Drop for OwnDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs a worker until `stop` resolves or its driver is gone; `say` receives the lines to print
@@ -79,17 +120,17 @@ pub async fn run_worker_process(
     stop: impl Future<Output = StopRequest>,
     say: impl FnMut(String),
 ) -> Result<WorkerExit> {
-    let work_dir = options
+    let base = options
         .worker
         .work_dir
         .clone()
-        .unwrap_or_else(default_work_dir)
-        .join("sluice-work");
+        .unwrap_or_else(default_work_dir);
+    remove_stale(&base);
+    let work_dir = own_dir(&base);
     clean_dir(&work_dir)?;
-    options.worker.work_dir = Some(work_dir.clone());
-    let result = serve(options, stop, say).await;
-    let _ = std::fs::remove_dir_all(&work_dir);
-    result
+    let _own = OwnDir(work_dir.clone());
+    options.worker.work_dir = Some(work_dir);
+    serve(options, stop, say).await
 }
 
 async fn serve(
@@ -109,13 +150,28 @@ async fn serve(
     .await?;
     let mut stop = std::pin::pin!(stop);
     loop {
-        let id = server
-            .join(
+        // Joining waits at most the driver timeout, and a stop request ends it.
+        let joining = tokio::time::timeout(
+            options.driver_timeout,
+            server.join(
                 &options.driver,
                 options.heartbeat_interval,
                 options.driver_timeout,
-            )
-            .await?;
+            ),
+        );
+        let id = tokio::select! {
+            _ = &mut stop => return Ok(WorkerExit::Stopped),
+            joined = joining => match joined {
+                Ok(id) => id?,
+                Err(_) => {
+                    return Ok(WorkerExit::DriverGone(format!(
+                        "the driver at {} did not accept the registration within {:.1} s",
+                        options.driver,
+                        options.driver_timeout.as_secs_f64()
+                    )));
+                }
+            },
+        };
         say(format!(
             "sluice {id} ({}) joined the driver at {}",
             server.worker().address(),
@@ -171,7 +227,7 @@ async fn serve(
 }
 
 /// Empties (or creates) `dir`.
-fn clean_dir(dir: &PathBuf) -> Result<()> {
+fn clean_dir(dir: &Path) -> Result<()> {
     let error = |e: std::io::Error| {
         DataFusionError::Execution(format!(
             "cannot prepare the work directory {}: {e}",
@@ -182,4 +238,30 @@ fn clean_dir(dir: &PathBuf) -> Result<()> {
         std::fs::remove_dir_all(dir).map_err(error)?;
     }
     std::fs::create_dir_all(dir).map_err(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn only_directories_of_workers_no_longer_running_are_removed() {
+        let base = std::env::temp_dir().join(format!("sluice-stale-test-{}", std::process::id()));
+        let gone = base.join(format!("{OWN_DIR}999999999")); // above any pid_max
+        let mine = own_dir(&base);
+        let other = base.join("user-data");
+        for dir in [&gone, &mine, &other] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        remove_stale(&base);
+        let left = |dir: &PathBuf| dir.exists();
+        assert_eq!(
+            (left(&gone), left(&mine), left(&other)),
+            (false, true, true)
+        );
+        drop(OwnDir(mine.clone()));
+        assert!(!mine.exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

@@ -23,6 +23,7 @@ pub mod codec;
 pub mod definition;
 pub mod driver;
 pub mod error;
+mod memory;
 pub mod plan;
 pub mod runner;
 pub mod scheduler;

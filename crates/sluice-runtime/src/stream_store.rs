@@ -39,9 +39,11 @@ use sluice_planner::{AttemptKey, InputKey, JobId, OutputMode, StageId, StreamId}
 use sluice_shuffle::{
     ChannelReceiver, ChannelSender, ReplayReader, ReplayableOutput, Residence, channel_set,
 };
+
 use tokio::sync::Notify;
 
 use crate::error::transport_error;
+use crate::memory::blocking_outputs_pool;
 
 /// Batches queued per pipelined channel before a producer waits (when every channel is full).
 const CHANNEL_CAPACITY: usize = 2;
@@ -105,6 +107,8 @@ pub struct StreamStore {
     state: Mutex<State>,
     changed: Notify,
     runtime: Arc<RuntimeEnv>,
+    /// The runtime of blocking outputs: at most half of a limited pool, then files.
+    blocking_runtime: Arc<RuntimeEnv>,
     read_timeout: Duration,
 }
 
@@ -150,6 +154,7 @@ impl StreamStore {
             name: name.into(),
             state: Mutex::new(State::default()),
             changed: Notify::new(),
+            blocking_runtime: blocking_outputs_pool(&runtime),
             runtime,
             read_timeout,
         }
@@ -177,11 +182,7 @@ impl StreamStore {
     ) -> Result<TaskSender> {
         let name = format!("{} {key}", self.name);
         let spill = SpillMetrics::new(&ExecutionPlanMetricsSet::new(), key.partition);
-        // Blocking outputs live in files by design: what they write is output, not a spill.
-        let spilled_bytes = match mode {
-            OutputMode::Pipelined => spill.spilled_bytes.clone(),
-            OutputMode::Blocking => Count::new(),
-        };
+        let spilled_bytes = spill.spilled_bytes.clone();
         let replicas = replicas.max(1);
         let (output, sender) = match mode {
             OutputMode::Pipelined => {
@@ -201,15 +202,16 @@ impl StreamStore {
                 (output, SenderKind::Pipelined { sender, replicas })
             }
             OutputMode::Blocking => {
-                // Kept for the whole job (lineage, retried readers): in files of the worker's
-                // work dir, so they never take memory from the operators.
+                // Kept for the whole job (lineage, retried readers): in memory within their share
+                // of the worker's pool, in files of its work dir beyond it, so they never take
+                // the operators' memory.
                 let buffer = ReplayableOutput::new(
                     &name,
                     channels,
                     schema.clone(),
-                    self.runtime.clone(),
+                    self.blocking_runtime.clone(),
                     spill,
-                    Residence::Disk,
+                    Residence::Memory,
                 );
                 let output = Output::Blocking {
                     output: Arc::clone(&buffer),

@@ -36,8 +36,9 @@ pub struct WorkerArgs {
     /// Task attempts run at once (default 64: a pipelined region runs all its tasks at once).
     #[arg(long, value_name = "N")]
     pub slots: Option<usize>,
-    /// Directory for spill files and blocking stage outputs (cleaned at start, removed at exit;
-    /// default: a directory under the system's temporary directory).
+    /// Directory for spill files and blocking stage outputs; the worker keeps them in its own
+    /// `sluice-work-<pid>` inside, removed when it exits (and by the next worker if it was killed)
+    /// [default: the system's temporary directory].
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// How often to send a heartbeat to the driver.
@@ -107,15 +108,21 @@ pub fn run(args: WorkerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result
     let exit_with_stdin = args.exit_with_stdin;
     let exit = runtime.block_on(async move {
         let stop = stop_request(exit_with_stdin);
-        run_worker_process(options, stop, |line| eprintln!("{line}")).await
+        run_worker_process(options, stop, |line| say(&line)).await
     })?;
     match exit {
         WorkerExit::Stopped => Ok(ExitCode::SUCCESS),
         WorkerExit::DriverGone(why) => {
-            eprintln!("sluice worker exits: {why}");
+            say(&format!("sluice worker exits: {why}"));
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// A line on stderr; a closed stderr (its parent gone) is not a reason to panic.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Resolves when the worker should stop: SIGTERM drains, SIGINT (or the end of stdin, when the

@@ -28,11 +28,11 @@ use sluice_planner::AttemptKey;
 
 use super::WorkerShared;
 use super::streams::AttemptStreams;
-use super::task_pool::TaskMemoryPool;
 use crate::analyze::{TaskMetrics, executed_task};
 use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
 use crate::error::RemoteError;
+use crate::memory::CappedPool;
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
@@ -125,9 +125,10 @@ fn task_context(shared: &WorkerShared, definition: &TaskDefinition) -> Result<Ar
     let worker_runtime = template.runtime_env();
     let runtime = match definition.memory_limit {
         Some(cap) => Arc::new(RuntimeEnv {
-            memory_pool: Arc::new(TaskMemoryPool::new(
+            memory_pool: Arc::new(CappedPool::new(
                 Arc::clone(&worker_runtime.memory_pool),
                 usize::try_from(cap).unwrap_or(usize::MAX),
+                "the session's memory limit per task",
             )),
             disk_manager: Arc::clone(&worker_runtime.disk_manager),
             cache_manager: Arc::clone(&worker_runtime.cache_manager),

@@ -23,7 +23,6 @@
 
 mod attempt;
 mod streams;
-mod task_pool;
 
 use std::collections::HashMap;
 use std::fmt;

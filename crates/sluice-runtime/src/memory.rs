@@ -1,13 +1,16 @@
-//! A task's view of its worker's memory pool when the session set a memory limit of its own.
+//! Capped views of a worker's one memory pool: a task of a session that set a memory limit of its
+//! own, and the stream store's blocking outputs, each draw on the worker's pool up to a cap.
 //!
 //! ```text
-//!   task's operators ─► TaskMemoryPool (at most `cap` bytes for this task) ─► the worker's pool
-//!                                                                 (shared by every task and the store)
+//!   a task's operators ─► CappedPool (the session's limit) ─┐
+//!   blocking outputs   ─► CappedPool (half the pool)       ─┼─► the worker's pool (FairSpillPool)
+//!   other operators, pipelined channels ────────────────────┘
 //! ```
 //!
-//! Invariants: every byte a task reserves is reserved in the worker's pool too, so the worker's
-//! budget holds whatever the sessions ask for; a reservation that would take the task past its cap
-//! fails with `ResourcesExhausted` (so spilling operators spill) and reserves nothing anywhere.
+//! Invariants: every byte reserved through a capped view is reserved in the worker's pool too, so
+//! the worker's budget holds whatever the caps allow; a reservation that would pass the cap fails
+//! with `ResourcesExhausted` (so spilling operators spill, and blocking outputs go to files) and
+//! reserves nothing anywhere.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,34 +20,59 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{
     MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
 };
+use datafusion::execution::runtime_env::RuntimeEnv;
 
-/// At most `cap` bytes for one task, drawn from `inner`.
+/// At most `cap` bytes, drawn from `inner`; `what` names the cap in errors.
 #[derive(Debug)]
-pub(crate) struct TaskMemoryPool {
+pub(crate) struct CappedPool {
     inner: Arc<dyn MemoryPool>,
     cap: usize,
+    what: &'static str,
     used: AtomicUsize,
 }
 
-impl TaskMemoryPool {
-    pub(crate) fn new(inner: Arc<dyn MemoryPool>, cap: usize) -> Self {
+impl CappedPool {
+    pub(crate) fn new(inner: Arc<dyn MemoryPool>, cap: usize, what: &'static str) -> Self {
         Self {
             inner,
             cap,
+            what,
             used: AtomicUsize::new(0),
         }
     }
 }
 
-impl fmt::Display for TaskMemoryPool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "task pool of {} bytes within {}", self.cap, self.inner)
+/// The memory pool of blocking outputs in a store over `runtime`: at most half of a limited pool
+/// (the rest stays for the operators), or the pool itself when it is unlimited.
+pub(crate) fn blocking_outputs_pool(runtime: &Arc<RuntimeEnv>) -> Arc<RuntimeEnv> {
+    match runtime.memory_pool.memory_limit() {
+        MemoryLimit::Finite(limit) => Arc::new(RuntimeEnv {
+            memory_pool: Arc::new(CappedPool::new(
+                Arc::clone(&runtime.memory_pool),
+                limit / 2,
+                "the share of blocking outputs, half the worker's pool",
+            )),
+            disk_manager: Arc::clone(&runtime.disk_manager),
+            cache_manager: Arc::clone(&runtime.cache_manager),
+            object_store_registry: Arc::clone(&runtime.object_store_registry),
+        }),
+        _ => Arc::clone(runtime),
     }
 }
 
-impl MemoryPool for TaskMemoryPool {
+impl fmt::Display for CappedPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of {} bytes within {}",
+            self.what, self.cap, self.inner
+        )
+    }
+}
+
+impl MemoryPool for CappedPool {
     fn name(&self) -> &str {
-        "sluice task pool"
+        "sluice capped pool"
     }
 
     fn register(&self, consumer: &MemoryConsumer) {
@@ -73,9 +101,10 @@ impl MemoryPool for TaskMemoryPool {
             })
             .map_err(|used| {
                 DataFusionError::ResourcesExhausted(format!(
-                    "{} cannot reserve {additional} more bytes: the session's memory limit of \
-                     {cap} bytes per task is reached ({used} bytes reserved)",
-                    reservation.consumer().name()
+                    "{} cannot reserve {additional} more bytes: {} ({cap} bytes) is reached \
+                     ({used} bytes reserved)",
+                    reservation.consumer().name(),
+                    self.what
                 ))
             })?;
         if let Err(e) = self.inner.try_grow(reservation, additional) {
@@ -101,9 +130,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_task_is_held_to_its_cap_and_every_byte_counts_in_the_worker_pool() {
+    fn a_capped_view_is_held_to_its_cap_and_every_byte_counts_in_the_worker_pool() {
         let worker: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1000));
-        let task: Arc<dyn MemoryPool> = Arc::new(TaskMemoryPool::new(Arc::clone(&worker), 300));
+        let task: Arc<dyn MemoryPool> = Arc::new(CappedPool::new(
+            Arc::clone(&worker),
+            300,
+            "the session's memory limit per task",
+        ));
         let reservation = MemoryConsumer::new("sort").register(&task);
         reservation.try_grow(200).unwrap();
         assert_eq!((task.reserved(), worker.reserved()), (200, 200));
@@ -111,7 +144,7 @@ mod tests {
         assert_eq!(
             error,
             "Resources exhausted: sort cannot reserve 101 more bytes: the session's memory limit \
-             of 300 bytes per task is reached (200 bytes reserved)"
+             per task (300 bytes) is reached (200 bytes reserved)"
         );
         assert_eq!((task.reserved(), worker.reserved()), (200, 200));
         reservation.shrink(150);
@@ -125,7 +158,11 @@ mod tests {
         let worker: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(100));
         let other = MemoryConsumer::new("other").register(&worker);
         other.try_grow(80).unwrap();
-        let task: Arc<dyn MemoryPool> = Arc::new(TaskMemoryPool::new(Arc::clone(&worker), 300));
+        let task: Arc<dyn MemoryPool> = Arc::new(CappedPool::new(
+            Arc::clone(&worker),
+            300,
+            "the session's memory limit per task",
+        ));
         let reservation = MemoryConsumer::new("join").register(&task);
         let error = reservation.try_grow(50).unwrap_err().to_string();
         assert!(error.starts_with("Resources exhausted"), "{error}");
