@@ -193,6 +193,7 @@ impl DriverActor {
                 location,
                 error,
             } => self.run_task_failed(job, attempt, location, error),
+            DriverEvent::Notice(line) => self.notice(line),
             DriverEvent::TakeNotices(reply) => {
                 let _ = reply.send(self.notices.drain(..).collect());
             }

@@ -184,6 +184,8 @@ pub(crate) enum DriverEvent {
     },
     Snapshot(oneshot::Sender<DriverSnapshot>),
     TakeNotices(oneshot::Sender<Vec<String>>),
+    /// A line for the user from outside the actor (the output forwarder).
+    Notice(String),
     Progress(oneshot::Sender<Vec<JobProgress>>),
 }
 

@@ -265,7 +265,15 @@ impl Forwarder {
                             continue;
                         }
                     }
-                    let batch = match reads.delivered.admit(self.job, attempt, channel, batch) {
+                    let admitted = reads.delivered.admit(self.job, attempt, channel, batch);
+                    for (resumed, channel, rows) in reads.delivered.take_resumed() {
+                        let _ = self.events.send(DriverEvent::Notice(format!(
+                            "{} resumed its output after the {rows} rows already delivered \
+                             from channel {channel} (checked: the same rows)",
+                            resumed.of_job(self.job)
+                        )));
+                    }
+                    let batch = match admitted {
                         Ok(Some(batch)) => batch,
                         Ok(None) => continue,
                         Err(error) => {

@@ -82,6 +82,9 @@ pub(crate) struct DeliveredRows {
     replaying: HashMap<(TaskAttempt, usize), Prefix>,
     /// Attempts that passed their prefix (or had none): what they read goes to the caller.
     caught_up: HashMap<(TaskAttempt, usize), ()>,
+    /// Retries that passed a non-empty prefix since the last `take_resumed`: (attempt, channel,
+    /// rows skipped).
+    resumed: Vec<(TaskAttempt, usize, usize)>,
 }
 
 impl DeliveredRows {
@@ -116,12 +119,21 @@ impl DeliveredRows {
             }
             self.replaying.remove(&key);
             self.caught_up.insert(key, ());
+            if delivered.rows > 0 {
+                self.resumed.push((attempt, channel, delivered.rows));
+            }
         }
         if batch.num_rows() == 0 {
             return Ok(None);
         }
         self.delivered.entry(slot).or_default().extend(&batch);
         Ok(Some(batch))
+    }
+
+    /// The retries that resumed a stream (skipped and checked its delivered rows) since the last
+    /// call: (attempt, channel, rows skipped).
+    pub(crate) fn take_resumed(&mut self) -> Vec<(TaskAttempt, usize, usize)> {
+        std::mem::take(&mut self.resumed)
     }
 
     /// Checks, once `attempt`'s stream `channel` ended, that it reproduced everything the caller

@@ -539,7 +539,9 @@ async fn a_region_retried_after_it_delivered_rows_resumes_its_output_without_dup
         notices,
         [
             "job 1: retrying region 0 (attempt 2; 1 of 4 failures allowed so far): stage 0 \
-          partition 1 failed on worker 1 (fake:worker): External error: disk gone"
+          partition 1 failed on worker 1 (fake:worker): External error: disk gone",
+            "job 1 stage 1 partition 0 attempt 1 resumed its output after the 2 rows already \
+             delivered from channel 0 (checked: the same rows)"
         ]
     );
 }
