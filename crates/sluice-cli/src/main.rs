@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use sluice_cluster::TlsFiles;
 use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
 use sluice_engine::config::{ExchangeMode, FlightCompression};
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
@@ -69,6 +70,16 @@ struct GlobalArgs {
     /// one when neither is given, enough for the workers it starts itself).
     #[arg(long, global = true, value_name = "FILE")]
     secret_file: Option<PathBuf>,
+    /// Cluster mode and `sluice worker`: mutual TLS on every call between the driver and the
+    /// workers: this process's certificate (PEM; with --tls-key and --tls-ca).
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// The CA that signed every peer's certificate (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
     /// Arrow IPC compression between workers: none (default), lz4 or zstd.
     #[arg(long, global = true, value_name = "CODEC")]
     flight_compression: Option<FlightCompression>,
@@ -176,7 +187,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let tls = match (
+        &cli.global.tls_cert,
+        &cli.global.tls_key,
+        &cli.global.tls_ca,
+    ) {
+        (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        }),
+        _ => None,
+    };
     let result = runners::read_given_secret(cli.global.secret_file.as_deref())
+        .and_then(|()| runners::read_given_tls(tls))
         .and_then(|()| cli.global.load_config())
         .and_then(|config| commands::run(cli.command, config, &runtime));
     // Do not wait for work still unwinding after a cancellation: the process is ending.

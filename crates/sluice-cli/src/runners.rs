@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::ipc::CompressionType;
 use sluice_cluster::{
-    ClusterOptions, ClusterSecret, LocalClusterRunner, ProcessClusterOptions, ProcessClusterRunner,
+    ClusterOptions, ClusterSecret, ClusterTls, LocalClusterRunner, ProcessClusterOptions,
+    ProcessClusterRunner, TlsFiles,
 };
 use sluice_engine::config::FlightCompression;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError};
@@ -53,6 +54,7 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             options.compression = compression;
             options.exchange = exchange;
             options.secret = given_secret();
+            options.tls = given_tls();
             Arc::new(ProcessClusterRunner::with_options(options))
         }
     }
@@ -86,6 +88,24 @@ pub fn read_given_secret(file: Option<&Path>) -> Result<()> {
 /// The secret read by [`read_given_secret`].
 pub fn given_secret() -> Option<ClusterSecret> {
     GIVEN_SECRET.get().cloned().flatten()
+}
+
+/// The TLS setup this process was given (`--tls-cert`, `--tls-key`, `--tls-ca`), read once.
+static GIVEN_TLS: OnceLock<Option<ClusterTls>> = OnceLock::new();
+
+/// Reads the TLS files given to this process, if any; an unreadable one is an error naming it.
+pub fn read_given_tls(files: Option<TlsFiles>) -> Result<()> {
+    let tls = files
+        .map(ClusterTls::from_files)
+        .transpose()
+        .map_err(|e| SluiceError::invalid(e.to_string()))?;
+    let _ = GIVEN_TLS.set(tls);
+    Ok(())
+}
+
+/// The TLS setup read by [`read_given_tls`].
+pub fn given_tls() -> Option<ClusterTls> {
+    GIVEN_TLS.get().cloned().flatten()
 }
 
 /// The Arrow IPC compression `compression` names.

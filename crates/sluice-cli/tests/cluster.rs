@@ -454,3 +454,86 @@ fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() 
         "{said}"
     );
 }
+
+/// A CA and one certificate for `localhost` / `127.0.0.1` signed by it, as PEM files in `dir`:
+/// (cert, key, ca).
+fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let paths = (
+        dir.join("node.pem"),
+        dir.join("node.key"),
+        dir.join("ca.pem"),
+    );
+    std::fs::write(&paths.0, cert.pem()).unwrap();
+    std::fs::write(&paths.1, key.serialize_pem()).unwrap();
+    std::fs::write(&paths.2, ca_cert.pem()).unwrap();
+    paths
+}
+
+#[test]
+fn tpch_runs_on_a_tls_cluster_and_a_worker_without_a_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, ca) = tls_files(dir.path());
+    let tls = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-ca",
+        ca.to_str().unwrap(),
+    ];
+    let data = sf01().to_str().unwrap();
+    let mut args = vec!["--mode", "cluster", "--workers", "2"];
+    args.extend_from_slice(&tls);
+    args.extend_from_slice(&["tpch", "run", "--data", data, "--compare-local"]);
+    let output = sluice().args(&args).output().unwrap();
+    let stdout = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        text(&output.stderr)
+    );
+    assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
+
+    // A plain-TCP worker (right secret, no certificate) cannot register with a TLS driver.
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, "tls-test-secret").unwrap();
+    let secret = secret_file.to_str().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut args = vec![
+        "--mode",
+        "cluster",
+        "--workers",
+        "0",
+        "--min-workers",
+        "1",
+        "--driver-listen",
+        &address,
+        "--secret-file",
+        secret,
+    ];
+    args.extend_from_slice(&tls);
+    args.extend_from_slice(&["sql", "select 1"]);
+    let _client = Client::start(&args);
+    std::thread::sleep(Duration::from_millis(500));
+    let plain = sluice()
+        .args(["worker", "--driver", &address, "--secret-file", secret])
+        .args(["--driver-timeout-ms", "2000"])
+        .output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(1), "{}", text(&plain.stderr));
+    let said = text(&plain.stderr);
+    assert!(
+        !said.contains("joined the driver"),
+        "a worker without TLS joined: {said}"
+    );
+}

@@ -11,6 +11,7 @@
 //! hands it to its workers on their stdin).
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
@@ -18,7 +19,9 @@ use subtle::ConstantTimeEq;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{
+    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
+};
 use tonic::{Request, Status};
 
 use crate::net::endpoint;
@@ -114,30 +117,150 @@ impl Interceptor for CheckSecret {
     }
 }
 
-/// `service`, answering only calls that carry `secret`.
+/// `service`, answering only calls that carry the link's secret.
 pub(crate) fn guarded<S>(
     service: S,
-    secret: &ClusterSecret,
+    link: &ClusterLink,
 ) -> Result<InterceptedService<S, CheckSecret>> {
-    Ok(InterceptedService::new(service, CheckSecret::new(secret)?))
+    Ok(InterceptedService::new(
+        service,
+        CheckSecret::new(&link.secret)?,
+    ))
+}
+
+/// Mutual TLS between the driver and the workers: this process's certificate and key (it serves
+/// and calls with them) and the CA that signed every peer's.
+#[derive(Clone)]
+pub struct ClusterTls {
+    identity: Identity,
+    ca: Certificate,
+    /// Where they were read from, to hand to spawned workers.
+    pub files: TlsFiles,
+}
+
+/// The PEM files of a [`ClusterTls`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This process's certificate chain.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA every peer's certificate must be signed by.
+    pub ca: PathBuf,
+}
+
+impl fmt::Debug for ClusterTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterTls")
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl ClusterTls {
+    /// Reads the three PEM files; an unreadable one is an error naming it.
+    pub fn from_files(files: TlsFiles) -> Result<Self> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                DataFusionError::Configuration(format!(
+                    "cannot read the TLS {what} {}: {e}",
+                    path.display()
+                ))
+            })
+        };
+        let (cert, key, ca) = (
+            read(&files.cert, "certificate")?,
+            read(&files.key, "key")?,
+            read(&files.ca, "CA certificate")?,
+        );
+        Ok(Self {
+            identity: Identity::from_pem(cert, key),
+            ca: Certificate::from_pem(ca),
+            files,
+        })
+    }
+}
+
+/// How this process talks to the rest of its cluster: the secret every call carries and, when set,
+/// mutual TLS.
+#[derive(Debug, Clone)]
+pub struct ClusterLink {
+    secret: ClusterSecret,
+    tls: Option<Arc<ClusterTls>>,
+}
+
+impl ClusterLink {
+    /// A link with `secret`, over TLS when `tls` is given.
+    pub fn new(secret: ClusterSecret, tls: Option<ClusterTls>) -> Self {
+        Self {
+            secret,
+            tls: tls.map(Arc::new),
+        }
+    }
+
+    /// The secret.
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.secret
+    }
+
+    /// The TLS setup, if any.
+    pub fn tls(&self) -> Option<&ClusterTls> {
+        self.tls.as_deref()
+    }
+
+    /// An endpoint for `address` (`host:port`): `https` with this process's certificate and the
+    /// cluster CA under TLS, `http` otherwise.
+    pub(crate) fn endpoint(&self, address: &str) -> Result<Endpoint> {
+        let Some(tls) = &self.tls else {
+            return endpoint(address);
+        };
+        let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+        let config = ClientTlsConfig::new()
+            .ca_certificate(tls.ca.clone())
+            .identity(tls.identity.clone())
+            .domain_name(host.trim_start_matches('[').trim_end_matches(']'));
+        Endpoint::from_shared(format!("https://{address}"))
+            .map_err(|e| DataFusionError::Configuration(format!("bad address '{address}': {e}")))?
+            .tcp_nodelay(true)
+            .tls_config(config)
+            .map_err(|e| {
+                DataFusionError::Configuration(format!("TLS setup for {address} failed: {e}"))
+            })
+    }
+
+    /// A server builder: under TLS it presents this process's certificate and requires a client
+    /// certificate signed by the cluster CA.
+    pub(crate) fn server(&self) -> Result<Server> {
+        let server = Server::builder();
+        match &self.tls {
+            None => Ok(server),
+            Some(tls) => server
+                .tls_config(
+                    ServerTlsConfig::new()
+                        .identity(tls.identity.clone())
+                        .client_ca_root(tls.ca.clone()),
+                )
+                .map_err(|e| DataFusionError::Configuration(format!("TLS server setup: {e}"))),
+        }
+    }
 }
 
 /// A client channel that carries the secret.
 pub(crate) type SecretChannel = InterceptedService<Channel, AttachSecret>;
 
-/// A channel to `address`, connected on first use, carrying `secret`.
-pub(crate) fn connect_lazy(address: &str, secret: &ClusterSecret) -> Result<SecretChannel> {
+/// A channel to `address`, connected on first use, carrying the link's secret (over TLS when set).
+pub(crate) fn connect_lazy(address: &str, link: &ClusterLink) -> Result<SecretChannel> {
     Ok(InterceptedService::new(
-        endpoint(address)?.connect_lazy(),
-        AttachSecret(secret.header()?),
+        link.endpoint(address)?.connect_lazy(),
+        AttachSecret(link.secret.header()?),
     ))
 }
 
-/// `channel` carrying `secret`.
-pub(crate) fn with_secret(channel: Channel, secret: &ClusterSecret) -> Result<SecretChannel> {
+/// `channel` carrying the link's secret.
+pub(crate) fn with_secret(channel: Channel, link: &ClusterLink) -> Result<SecretChannel> {
     Ok(InterceptedService::new(
         channel,
-        AttachSecret(secret.header()?),
+        AttachSecret(link.secret.header()?),
     ))
 }
 

@@ -11,7 +11,7 @@ use sluice_runtime::TaskDefinition;
 use sluice_runtime::error::{ErrorKind, RemoteError};
 use sluice_runtime::transport::{RunTaskError, WorkerClient};
 
-use crate::auth::{ClusterSecret, SecretChannel, connect_lazy};
+use crate::auth::{ClusterLink, SecretChannel, connect_lazy};
 use crate::proto;
 use crate::proto::worker_service_client::WorkerServiceClient;
 use crate::wire::{attempt_to_proto, encode_definition, from_status};
@@ -24,10 +24,10 @@ pub(crate) struct GrpcWorkerClient {
 }
 
 impl GrpcWorkerClient {
-    /// A client of the worker at `address` (connected lazily), carrying `secret`; an address that
+    /// A client of the worker at `address` (connected lazily), carrying the link's secret; an address that
     /// is not `host:port` is an error.
-    pub fn new(address: &str, secret: &ClusterSecret) -> Result<Self> {
-        let client = WorkerServiceClient::new(connect_lazy(address, secret)?)
+    pub fn new(address: &str, link: &ClusterLink) -> Result<Self> {
+        let client = WorkerServiceClient::new(connect_lazy(address, link)?)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         Ok(Self {

@@ -21,10 +21,10 @@ use sluice_planner::WorkerId;
 use sluice_runtime::driver::{DriverHandle, ExecutorEndpoint, Liveness, WorkerRegistration};
 use sluice_runtime::transport::InProcessClient;
 use sluice_runtime::{Driver, DriverOptions, Worker, WorkerOptions};
-use tonic::transport::Server;
+
 use tonic::{Request, Response, Status};
 
-use crate::auth::{ClusterSecret, guarded};
+use crate::auth::{ClusterLink, guarded};
 use crate::client::GrpcWorkerClient;
 use crate::flight::{FlightFetcher, StreamFlightService};
 use crate::net::{bind, incoming};
@@ -46,33 +46,26 @@ impl ClusterDriver {
         options: DriverOptions,
         executor_options: WorkerOptions,
         compression: Option<CompressionType>,
-        secret: ClusterSecret,
+        link: ClusterLink,
     ) -> Result<Self> {
-        Self::start_on(
-            "127.0.0.1:0",
-            options,
-            executor_options,
-            compression,
-            secret,
-        )
-        .await
+        Self::start_on("127.0.0.1:0", options, executor_options, compression, link).await
     }
 
     /// Starts a driver listening on `listen` (`host:port`, port 0 picks one); every call to it, and
-    /// from it, carries `secret`.
+    /// from it, goes over `link` (its secret, and TLS when set).
     pub async fn start_on(
         listen: &str,
         options: DriverOptions,
         executor_options: WorkerOptions,
         compression: Option<CompressionType>,
-        secret: ClusterSecret,
+        link: ClusterLink,
     ) -> Result<Self> {
         let (listener, address) = bind("the driver", listen).await?;
         let executor = Worker::new(
             "the driver",
             address.clone(),
             executor_options,
-            Arc::new(FlightFetcher::new(secret.clone())),
+            Arc::new(FlightFetcher::new(link.clone())),
         )?;
         let driver = Driver::start(
             options,
@@ -80,22 +73,23 @@ impl ClusterDriver {
                 address: address.clone(),
                 client: Arc::new(InProcessClient(executor.clone())),
             },
-            Arc::new(FlightFetcher::new(secret.clone())),
+            Arc::new(FlightFetcher::new(link.clone())),
         );
         executor.set_reporter(WorkerId::DRIVER, driver.reporter())?;
         let service = guarded(
             DriverServiceServer::new(DriverEndpoint {
                 driver: driver.handle().clone(),
-                secret: secret.clone(),
+                link: link.clone(),
             }),
-            &secret,
+            &link,
         )?;
         let flight = guarded(
             StreamFlightService::new(Arc::clone(executor.store()), compression),
-            &secret,
+            &link,
         )?;
+        let mut server_builder = link.server()?;
         let server = SpawnedTask::spawn(async move {
-            let _ = Server::builder()
+            let _ = server_builder
                 .add_service(service)
                 .add_service(flight)
                 .serve_with_incoming(incoming(listener))
@@ -128,8 +122,8 @@ impl ClusterDriver {
 /// `DriverService`: turns each request into a driver event.
 struct DriverEndpoint {
     driver: DriverHandle,
-    /// What the driver's calls to the workers that register carry.
-    secret: ClusterSecret,
+    /// How the driver calls the workers that register.
+    link: ClusterLink,
 }
 
 fn shutting_down(_: datafusion::common::DataFusionError) -> Status {
@@ -148,7 +142,7 @@ impl DriverService for DriverEndpoint {
                 "RegisterWorker needs an address and at least one task slot",
             ));
         }
-        let client = GrpcWorkerClient::new(&request.address, &self.secret).map_err(|e| {
+        let client = GrpcWorkerClient::new(&request.address, &self.link).map_err(|e| {
             Status::invalid_argument(format!(
                 "cannot register a worker at '{}': {e}",
                 request.address

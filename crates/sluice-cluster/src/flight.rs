@@ -40,7 +40,7 @@ use sluice_runtime::StreamStore;
 use sluice_runtime::transport::StreamFetcher;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{ClusterSecret, connect_lazy};
+use crate::auth::{ClusterLink, connect_lazy};
 use crate::flight_ipc::encode_stream;
 use crate::wire::{from_status_at, stream_from_ticket, stream_to_proto, to_status};
 
@@ -193,24 +193,24 @@ fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<
 /// stream.
 #[derive(Debug, Clone)]
 pub(crate) struct FlightFetcher {
-    secret: ClusterSecret,
+    link: ClusterLink,
 }
 
 impl FlightFetcher {
-    pub fn new(secret: ClusterSecret) -> Self {
-        Self { secret }
+    pub fn new(link: ClusterLink) -> Self {
+        Self { link }
     }
 }
 
 impl StreamFetcher for FlightFetcher {
     fn fetch(&self, address: &str, id: StreamId, schema: SchemaRef) -> SendableRecordBatchStream {
         let address = address.to_string();
-        let secret = self.secret.clone();
+        let link = self.link.clone();
         let read = async move {
             // One connection per stream: a stream its reader has not reached yet (a join's probe
             // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
             // streams the reader needs first.
-            let mut client = FlightServiceClient::new(connect_lazy(&address, &secret)?)
+            let mut client = FlightServiceClient::new(connect_lazy(&address, &link)?)
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX);
             let ticket = Ticket {

@@ -35,7 +35,7 @@ mod wire;
 mod worker_process;
 mod worker_server;
 
-pub use auth::ClusterSecret;
+pub use auth::{ClusterLink, ClusterSecret, ClusterTls, TlsFiles};
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
 pub use process_cluster::{ProcessCluster, ProcessClusterOptions};
 pub use runner::{LocalClusterRunner, ProcessClusterRunner};

@@ -14,7 +14,7 @@ use sluice_planner::{JobGraph, OutputMode};
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 use std::sync::Arc;
 
-use crate::auth::ClusterSecret;
+use crate::auth::{ClusterLink, ClusterSecret, ClusterTls};
 use crate::driver_server::ClusterDriver;
 use crate::worker_server::WorkerServer;
 
@@ -35,6 +35,8 @@ pub struct ClusterOptions {
     pub exchange: OutputMode,
     /// The secret every call carries (`None`: a random one per cluster).
     pub secret: Option<ClusterSecret>,
+    /// Mutual TLS on every call (`None`: plain TCP on loopback).
+    pub tls: Option<ClusterTls>,
 }
 
 impl Default for ClusterOptions {
@@ -47,6 +49,7 @@ impl Default for ClusterOptions {
             heartbeat_interval: Duration::from_secs(2),
             exchange: OutputMode::Pipelined,
             secret: None,
+            tls: None,
         }
     }
 }
@@ -80,7 +83,7 @@ impl ClusterSnapshot {
 pub struct LocalCluster {
     driver: ClusterDriver,
     workers: Vec<WorkerServer>,
-    secret: ClusterSecret,
+    link: ClusterLink,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -104,11 +107,12 @@ impl LocalCluster {
             Some(secret) => secret.clone(),
             None => ClusterSecret::random()?,
         };
+        let link = ClusterLink::new(secret, options.tls.clone());
         let driver = ClusterDriver::start(
             options.driver.clone(),
             options.worker.clone(),
             options.compression,
-            secret.clone(),
+            link.clone(),
         )
         .await?;
         let mut workers = Vec::with_capacity(options.workers);
@@ -117,7 +121,7 @@ impl LocalCluster {
                 format!("worker {}", index + 1),
                 options.worker.clone(),
                 options.compression,
-                secret.clone(),
+                link.clone(),
             )
             .await?;
             worker
@@ -132,7 +136,7 @@ impl LocalCluster {
         Ok(Self {
             driver,
             workers,
-            secret,
+            link,
         })
     }
 
@@ -178,7 +182,7 @@ impl LocalCluster {
 
     /// The secret its calls carry, for tests that call it themselves.
     pub fn secret(&self) -> &ClusterSecret {
-        &self.secret
+        self.link.secret()
     }
 
     /// The driver's address (gRPC `DriverService` and the executor's Flight), for tests.

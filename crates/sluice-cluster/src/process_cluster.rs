@@ -24,7 +24,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode, WorkerId};
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 
-use crate::auth::ClusterSecret;
+use crate::auth::{ClusterLink, ClusterSecret, ClusterTls};
 use crate::driver_server::ClusterDriver;
 
 /// How to start a cluster of processes.
@@ -55,6 +55,8 @@ pub struct ProcessClusterOptions {
     /// The secret every call carries (`None`: a random one per run). Spawned workers get it on
     /// their stdin; workers started elsewhere need it too (`--secret-file`, `SLUICE_SECRET`).
     pub secret: Option<ClusterSecret>,
+    /// Mutual TLS on every call; spawned workers get the same files.
+    pub tls: Option<ClusterTls>,
 }
 
 impl ProcessClusterOptions {
@@ -73,6 +75,7 @@ impl ProcessClusterOptions {
             startup_timeout: Duration::from_secs(60),
             exchange: OutputMode::Pipelined,
             secret: None,
+            tls: None,
         }
     }
 }
@@ -133,12 +136,13 @@ impl ProcessCluster {
             Some(secret) => secret.clone(),
             None => ClusterSecret::random()?,
         };
+        let link = ClusterLink::new(secret, options.tls.clone());
         let driver = ClusterDriver::start_on(
             &options.driver_listen,
             options.driver.clone(),
             WorkerOptions::default(),
             options.compression,
-            secret.clone(),
+            link.clone(),
         )
         .await?;
         let driver_address = local_address(driver.address());
@@ -149,7 +153,7 @@ impl ProcessCluster {
                     &driver_address,
                     index + 1,
                     driver.driver().handle(),
-                    &secret,
+                    &link,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -260,7 +264,7 @@ fn spawn_worker(
     driver: &str,
     index: usize,
     handle: &DriverHandle,
-    secret: &ClusterSecret,
+    link: &ClusterLink,
 ) -> Result<Spawned> {
     let mut command = Command::new(&options.executable);
     command
@@ -275,6 +279,15 @@ fn spawn_worker(
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(tls) = link.tls() {
+        command
+            .arg("--tls-cert")
+            .arg(&tls.files.cert)
+            .arg("--tls-key")
+            .arg(&tls.files.key)
+            .arg("--tls-ca")
+            .arg(&tls.files.ca);
+    }
     if let Some(limit) = options.memory_limit {
         command.args(["--memory-limit", &limit.to_string()]);
     }
@@ -295,7 +308,7 @@ fn spawn_worker(
     if let Some(pipe) = stdin.as_mut() {
         // The hand-over: the cluster secret travels here, not on the command line. The pipe
         // stays open; its end tells the worker to stop.
-        let _ = writeln!(pipe, "SLUICE WORKER {index} {}", secret.expose());
+        let _ = writeln!(pipe, "SLUICE WORKER {index} {}", link.secret().expose());
         let _ = pipe.flush();
     }
     let joined = Arc::new(std::sync::Mutex::new(None));

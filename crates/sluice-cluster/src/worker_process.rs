@@ -24,7 +24,7 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use sluice_runtime::WorkerOptions;
 
-use crate::auth::ClusterSecret;
+use crate::auth::ClusterLink;
 use crate::worker_server::{Departure, WorkerServer};
 
 /// How a worker process runs.
@@ -47,8 +47,8 @@ pub struct WorkerProcessOptions {
     pub driver_timeout: Duration,
     /// How long a drain may take before the worker exits anyway.
     pub drain_grace: Duration,
-    /// The cluster's secret, which every call carries.
-    pub secret: ClusterSecret,
+    /// The cluster's secret, which every call carries, and TLS when set.
+    pub link: ClusterLink,
 }
 
 /// How a worker process ended.
@@ -145,7 +145,7 @@ async fn serve(
         options.advertise.clone(),
         options.worker.clone(),
         options.compression,
-        options.secret.clone(),
+        options.link.clone(),
     )
     .await?;
     let mut stop = std::pin::pin!(stop);

@@ -30,12 +30,12 @@ use sluice_runtime::transport::StatusReporter;
 use sluice_runtime::{TaskStatusReport, Worker, WorkerOptions};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::Server;
+
 use tonic::{Request, Response, Status};
 
-use crate::auth::{ClusterSecret, SecretChannel, guarded, with_secret};
+use crate::auth::{ClusterLink, SecretChannel, guarded, with_secret};
 use crate::flight::{FlightFetcher, StreamFlightService};
-use crate::net::{bind, endpoint, incoming};
+use crate::net::{bind, incoming};
 use crate::proto;
 use crate::proto::driver_service_client::DriverServiceClient;
 use crate::proto::worker_service_server::{WorkerService, WorkerServiceServer};
@@ -57,7 +57,7 @@ pub(crate) struct WorkerServer {
     worker: Worker,
     draining: Arc<AtomicBool>,
     joined: Option<(WorkerId, DriverServiceClient<SecretChannel>)>,
-    secret: ClusterSecret,
+    link: ClusterLink,
     departure: watch::Receiver<Departure>,
     departure_tx: Arc<watch::Sender<Departure>>,
     _server: SpawnedTask<()>,
@@ -70,25 +70,25 @@ impl WorkerServer {
         name: String,
         options: WorkerOptions,
         compression: Option<CompressionType>,
-        secret: ClusterSecret,
+        link: ClusterLink,
     ) -> Result<Self> {
-        Self::start_on(name, "127.0.0.1:0", None, options, compression, secret).await
+        Self::start_on(name, "127.0.0.1:0", None, options, compression, link).await
     }
 
     /// Starts a worker listening on `listen`; it registers as `advertise` (default: the address it
     /// got), where the driver and other workers reach it. Every call to it, and from it, carries
-    /// `secret`.
+    /// `link` (its secret, and TLS when set).
     pub async fn start_on(
         name: String,
         listen: &str,
         advertise: Option<String>,
         options: WorkerOptions,
         compression: Option<CompressionType>,
-        secret: ClusterSecret,
+        link: ClusterLink,
     ) -> Result<Self> {
         let (listener, bound) = bind(&name, listen).await?;
         let address = advertise.unwrap_or(bound);
-        let fetcher = Arc::new(FlightFetcher::new(secret.clone()));
+        let fetcher = Arc::new(FlightFetcher::new(link.clone()));
         let worker = Worker::new(name, address, options, fetcher)?;
         let draining = Arc::new(AtomicBool::new(false));
         let server = serve_worker(
@@ -96,14 +96,14 @@ impl WorkerServer {
             worker.clone(),
             draining.clone(),
             compression,
-            &secret,
+            &link,
         )?;
         let (departure_tx, departure) = watch::channel(Departure::Serving);
         Ok(Self {
             worker,
             draining,
             joined: None,
-            secret,
+            link,
             departure,
             departure_tx: Arc::new(departure_tx),
             _server: server,
@@ -125,13 +125,18 @@ impl WorkerServer {
         heartbeat: Duration,
         driver_timeout: Duration,
     ) -> Result<WorkerId> {
-        let channel = endpoint(driver_address)?.connect().await.map_err(|e| {
-            sluice_runtime::error::transport_error(format!(
-                "{} cannot reach the driver at {driver_address}: {e}",
-                self.worker.name()
-            ))
-        })?;
-        let client = DriverServiceClient::new(with_secret(channel, &self.secret)?);
+        let channel = self
+            .link
+            .endpoint(driver_address)?
+            .connect()
+            .await
+            .map_err(|e| {
+                sluice_runtime::error::transport_error(format!(
+                    "{} cannot reach the driver at {driver_address}: {e}",
+                    self.worker.name()
+                ))
+            })?;
+        let client = DriverServiceClient::new(with_secret(channel, &self.link)?);
         let response = client
             .clone()
             .register_worker(proto::RegisterWorkerRequest {
@@ -241,21 +246,22 @@ fn serve_worker(
     worker: Worker,
     draining: Arc<AtomicBool>,
     compression: Option<CompressionType>,
-    secret: &ClusterSecret,
+    link: &ClusterLink,
 ) -> Result<SpawnedTask<()>> {
     let flight = guarded(
         StreamFlightService::new(Arc::clone(worker.store()), compression),
-        secret,
+        link,
     )?;
     let service = guarded(
         WorkerServiceServer::new(WorkerEndpoint { worker, draining })
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX),
-        secret,
+        link,
     )?;
+    let mut server = link.server()?;
     Ok(SpawnedTask::spawn(async move {
         // A transport error ends serving; the driver then sees a lost worker.
-        let _ = Server::builder()
+        let _ = server
             .add_service(service)
             .add_service(flight)
             .serve_with_incoming(incoming(listener))

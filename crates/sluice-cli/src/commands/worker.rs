@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::Args;
 use sluice_cluster::{
-    ClusterSecret, StopRequest, WorkerExit, WorkerProcessOptions, run_worker_process,
+    ClusterLink, ClusterSecret, StopRequest, WorkerExit, WorkerProcessOptions, run_worker_process,
 };
 use sluice_engine::{Result, SluiceConfig, SluiceError};
 use sluice_runtime::WorkerOptions;
@@ -103,7 +103,7 @@ pub fn run(args: WorkerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result
         heartbeat_interval: Duration::from_millis(args.heartbeat_interval_ms.max(1)),
         driver_timeout: Duration::from_millis(args.driver_timeout_ms.max(1)),
         drain_grace: Duration::from_millis(args.drain_grace_ms),
-        secret,
+        link: ClusterLink::new(secret, crate::runners::given_tls()),
     };
     let exit_with_stdin = args.exit_with_stdin;
     let exit = runtime.block_on(async move {
