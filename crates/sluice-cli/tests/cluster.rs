@@ -322,34 +322,35 @@ fn retried(stdout: &str) -> (usize, usize, usize) {
     (numbers[0], numbers[1], numbers[2])
 }
 
-fn assert_chaos(signal: &str, exchange: &str, queries: &str, count: usize) {
+/// Runs the chaos script; every query must pass and at least `min_lost` of them must have lost
+/// their worker (a signal can land after a query ended; a stopped worker the rest of the query
+/// does not need is not waited for), with regions retried, or the run proved nothing.
+fn assert_chaos(signal: &str, exchange: &str, queries: &str, count: usize, min_lost: usize) {
     let stdout = chaos(signal, exchange, queries);
     assert!(
         stdout.contains(&format!("{count} passed, 0 failed")),
         "{stdout}"
     );
     let (lost, regions, tasks) = retried(&stdout);
-    // Most signals land while the query runs (the rest after it ended): the runs must have lost
-    // workers and retried regions, or the test proved nothing.
-    assert!(lost * 2 >= count, "{stdout}");
+    assert!(lost >= min_lost, "{stdout}");
     assert!(regions > 0 && tasks >= regions, "{stdout}");
 }
 
 #[test]
 fn every_tpch_query_survives_a_sigkilled_worker_with_pipelined_exchanges() {
-    assert_chaos("KILL", "pipelined", "all", 22);
+    assert_chaos("KILL", "pipelined", "all", 22, 11);
 }
 
 #[test]
 fn every_tpch_query_survives_a_sigkilled_worker_with_blocking_exchanges() {
-    assert_chaos("KILL", "blocking", "all", 22);
+    assert_chaos("KILL", "blocking", "all", 22, 11);
 }
 
 #[test]
 fn tpch_queries_survive_a_sigstopped_worker_in_both_exchange_modes() {
     // A stopped worker is found by its missing heartbeats (3 s), so fewer queries than above.
-    assert_chaos("STOP", "pipelined", "1,3,9,13,18,21", 6);
-    assert_chaos("STOP", "blocking", "1,3,9,13,18,21", 6);
+    assert_chaos("STOP", "pipelined", "1,3,9,13,18,21", 6, 1);
+    assert_chaos("STOP", "blocking", "1,3,9,13,18,21", 6, 1);
 }
 
 /// A free loopback port (bound and released).
