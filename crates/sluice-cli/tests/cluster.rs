@@ -538,3 +538,70 @@ fn tpch_runs_on_a_tls_cluster_and_a_worker_without_a_certificate_is_refused() {
         "a worker without TLS joined: {said}"
     );
 }
+
+#[test]
+fn sigterm_drains_a_worker_which_then_leaves_while_the_cluster_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, "drain-test-secret").unwrap();
+    let secret = secret_file.to_str().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let data = sf01().to_str().unwrap();
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "1",
+        "--min-workers",
+        "2",
+        "--driver-listen",
+        &address,
+        "--secret-file",
+        secret,
+        "tpch",
+        "run",
+        "--data",
+        data,
+        "-q",
+        "1",
+        "-q",
+        "3",
+        "--iterations",
+        "30",
+    ]);
+    client.wait_joined(1);
+    let mut external = sluice()
+        .args(["worker", "--driver", &address, "--secret-file", secret])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it take part in a few queries, then ask it to drain.
+    std::thread::sleep(Duration::from_secs(2));
+    signal(external.id(), "TERM");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = external.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = external.kill();
+            panic!("the drained worker did not leave");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut said = String::new();
+    external
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "a drained worker exits 0: {said}");
+    assert!(said.contains(") joined the driver at "), "{said}");
+    let (output, stderr) = client.finish();
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains(") is draining"), "{stderr}");
+    assert!(stderr.contains("it drained and left"), "{stderr}");
+    assert!(!stdout.contains("ERROR"), "{stdout}");
+}
