@@ -353,6 +353,31 @@ fn tpch_queries_survive_a_sigstopped_worker_in_both_exchange_modes() {
     assert_chaos("STOP", "blocking", "1,3,9,13,18,21", 6, 1);
 }
 
+/// Waits (at most 30 s, then kills it and fails with `what`) for a worker started with a piped
+/// stderr to exit; its exit status and everything it printed.
+fn wait_exit(mut worker: Child, what: &str) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = worker.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = worker.kill();
+            let _ = worker.wait();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut said = String::new();
+    worker
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    (status, said)
+}
+
 /// A free loopback port (bound and released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -421,7 +446,7 @@ fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() 
         text(&wrong.stderr)
     );
 
-    let mut external = sluice()
+    let external = sluice()
         .args(["worker", "--driver", &address, "--secret-file", secret])
         .stderr(Stdio::piped())
         .spawn()
@@ -430,24 +455,10 @@ fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() 
     assert!(output.status.success(), "{stderr}");
     assert_eq!(text(&output.stdout), "n\n3\n");
     // The external worker outlives the client by at most its driver timeout (10 s) and says why.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = external.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = external.kill();
-            panic!("the external worker did not exit after its driver ended");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut said = String::new();
-    external
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut said)
-        .unwrap();
+    let (status, said) = wait_exit(
+        external,
+        "the external worker did not exit after its driver ended",
+    );
     assert_eq!(status.code(), Some(1), "{said}");
     assert!(said.contains(") joined the driver at "), "{said}");
     assert!(
@@ -567,35 +578,19 @@ fn sigterm_drains_a_worker_which_then_leaves_while_the_cluster_runs_on() {
         "-q",
         "3",
         "--iterations",
-        "30",
+        "100",
     ]);
     client.wait_joined(1);
-    let mut external = sluice()
+    let external = sluice()
         .args(["worker", "--driver", &address, "--secret-file", secret])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Let it take part in a few queries, then ask it to drain.
-    std::thread::sleep(Duration::from_secs(2));
+    // Let it take part in a few queries, then ask it to drain (the 100 iterations outlast this
+    // by several seconds, also on a loaded machine).
+    std::thread::sleep(Duration::from_secs(1));
     signal(external.id(), "TERM");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = external.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = external.kill();
-            panic!("the drained worker did not leave");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut said = String::new();
-    external
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut said)
-        .unwrap();
+    let (status, said) = wait_exit(external, "the drained worker did not leave");
     assert_eq!(status.code(), Some(0), "a drained worker exits 0: {said}");
     assert!(said.contains(") joined the driver at "), "{said}");
     let (output, stderr) = client.finish();

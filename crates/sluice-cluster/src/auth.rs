@@ -190,6 +190,15 @@ pub struct ClusterLink {
 }
 
 impl ClusterLink {
+    /// The link of a cluster started with `secret` (`None`: a random one) and `tls`.
+    pub fn for_cluster(secret: Option<&ClusterSecret>, tls: Option<&ClusterTls>) -> Result<Self> {
+        let secret = match secret {
+            Some(secret) => secret.clone(),
+            None => ClusterSecret::random()?,
+        };
+        Ok(Self::new(secret, tls.cloned()))
+    }
+
     /// A link with `secret`, over TLS when `tls` is given.
     pub fn new(secret: ClusterSecret, tls: Option<ClusterTls>) -> Self {
         Self {

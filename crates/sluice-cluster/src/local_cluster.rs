@@ -103,11 +103,7 @@ impl LocalCluster {
                 "a local cluster needs at least one worker".to_string(),
             ));
         }
-        let secret = match &options.secret {
-            Some(secret) => secret.clone(),
-            None => ClusterSecret::random()?,
-        };
-        let link = ClusterLink::new(secret, options.tls.clone());
+        let link = ClusterLink::for_cluster(options.secret.as_ref(), options.tls.as_ref())?;
         let driver = ClusterDriver::start(
             options.driver.clone(),
             options.worker.clone(),

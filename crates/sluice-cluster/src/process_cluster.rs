@@ -132,11 +132,7 @@ impl ProcessCluster {
                     .to_string(),
             ));
         }
-        let secret = match &options.secret {
-            Some(secret) => secret.clone(),
-            None => ClusterSecret::random()?,
-        };
-        let link = ClusterLink::new(secret, options.tls.clone());
+        let link = ClusterLink::for_cluster(options.secret.as_ref(), options.tls.as_ref())?;
         let driver = ClusterDriver::start_on(
             &options.driver_listen,
             options.driver.clone(),

@@ -42,20 +42,26 @@ impl CappedPool {
     }
 }
 
+/// `runtime` with its pool seen through a [`CappedPool`] of `cap` bytes (disk, caches and object
+/// stores shared).
+pub(crate) fn capped(runtime: &Arc<RuntimeEnv>, cap: usize, what: &'static str) -> Arc<RuntimeEnv> {
+    Arc::new(RuntimeEnv {
+        memory_pool: Arc::new(CappedPool::new(Arc::clone(&runtime.memory_pool), cap, what)),
+        disk_manager: Arc::clone(&runtime.disk_manager),
+        cache_manager: Arc::clone(&runtime.cache_manager),
+        object_store_registry: Arc::clone(&runtime.object_store_registry),
+    })
+}
+
 /// The memory pool of blocking outputs in a store over `runtime`: at most half of a limited pool
 /// (the rest stays for the operators), or the pool itself when it is unlimited.
 pub(crate) fn blocking_outputs_pool(runtime: &Arc<RuntimeEnv>) -> Arc<RuntimeEnv> {
     match runtime.memory_pool.memory_limit() {
-        MemoryLimit::Finite(limit) => Arc::new(RuntimeEnv {
-            memory_pool: Arc::new(CappedPool::new(
-                Arc::clone(&runtime.memory_pool),
-                limit / 2,
-                "the share of blocking outputs, half the worker's pool",
-            )),
-            disk_manager: Arc::clone(&runtime.disk_manager),
-            cache_manager: Arc::clone(&runtime.cache_manager),
-            object_store_registry: Arc::clone(&runtime.object_store_registry),
-        }),
+        MemoryLimit::Finite(limit) => capped(
+            runtime,
+            limit / 2,
+            "the share of blocking outputs, half the worker's pool",
+        ),
         _ => Arc::clone(runtime),
     }
 }

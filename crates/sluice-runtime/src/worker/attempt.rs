@@ -20,7 +20,6 @@ use std::time::Instant;
 
 use datafusion::common::Result;
 use datafusion::execution::TaskContext;
-use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use futures::StreamExt;
@@ -32,7 +31,7 @@ use crate::analyze::{TaskMetrics, executed_task};
 use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
 use crate::error::RemoteError;
-use crate::memory::CappedPool;
+use crate::memory::capped;
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
@@ -124,16 +123,11 @@ fn task_context(shared: &WorkerShared, definition: &TaskDefinition) -> Result<Ar
     // that set a memory limit of its own also holds each of its tasks to it.
     let worker_runtime = template.runtime_env();
     let runtime = match definition.memory_limit {
-        Some(cap) => Arc::new(RuntimeEnv {
-            memory_pool: Arc::new(CappedPool::new(
-                Arc::clone(&worker_runtime.memory_pool),
-                usize::try_from(cap).unwrap_or(usize::MAX),
-                "the session's memory limit per task",
-            )),
-            disk_manager: Arc::clone(&worker_runtime.disk_manager),
-            cache_manager: Arc::clone(&worker_runtime.cache_manager),
-            object_store_registry: Arc::clone(&worker_runtime.object_store_registry),
-        }),
+        Some(cap) => capped(
+            &worker_runtime,
+            usize::try_from(cap).unwrap_or(usize::MAX),
+            "the session's memory limit per task",
+        ),
         None => worker_runtime,
     };
     Ok(Arc::new(TaskContext::new(
