@@ -143,6 +143,21 @@ impl Client {
         }
     }
 
+    /// Waits (at most 30 s, then fails with `what`) for the process to exit; its exit status and
+    /// everything it printed on stderr.
+    fn wait_exit(&mut self, what: &str) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        self.join_stderr();
+        (status, self.stderr())
+    }
+
     /// Waits until the client's stderr ended and every line of it was stored.
     fn join_stderr(&mut self) {
         if let Some(reader) = self.reader.take() {
@@ -197,7 +212,8 @@ fn tpch_on_three_workers(extra: &[&str]) -> Client {
 fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind() {
     let client = tpch_on_three_workers(&["--compare-local"]);
     client.wait_joined(3);
-    let pids = worker_pids(client.child.id());
+    let client_pid = client.child.id();
+    let pids = worker_pids(client_pid);
     assert_eq!(pids.len(), 3, "{pids:?}: {}", client.stderr());
     let (output, stderr) = client.finish();
     let stdout = text(&output.stdout);
@@ -208,6 +224,15 @@ fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind
         wait_until_gone(&pids, Duration::from_secs(5)),
         Vec::<u32>::new()
     );
+    // Nor their work directory.
+    let prefix = format!("sluice-cluster-{client_pid}-");
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
@@ -353,31 +378,6 @@ fn tpch_queries_survive_a_sigstopped_worker_in_both_exchange_modes() {
     assert_chaos("STOP", "blocking", "1,3,9,13,18,21", 6, 1);
 }
 
-/// Waits (at most 30 s, then kills it and fails with `what`) for a worker started with a piped
-/// stderr to exit; its exit status and everything it printed.
-fn wait_exit(mut worker: Child, what: &str) -> (std::process::ExitStatus, String) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = worker.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = worker.kill();
-            let _ = worker.wait();
-            panic!("{what}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut said = String::new();
-    worker
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut said)
-        .unwrap();
-    (status, said)
-}
-
 /// A free loopback port (bound and released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -446,19 +446,13 @@ fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() 
         text(&wrong.stderr)
     );
 
-    let external = sluice()
-        .args(["worker", "--driver", &address, "--secret-file", secret])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut external = Client::start(&["worker", "--driver", &address, "--secret-file", secret]);
     let (output, stderr) = client.finish();
     assert!(output.status.success(), "{stderr}");
     assert_eq!(text(&output.stdout), "n\n3\n");
     // The external worker outlives the client by at most its driver timeout (10 s) and says why.
-    let (status, said) = wait_exit(
-        external,
-        "the external worker did not exit after its driver ended",
-    );
+    let (status, said) =
+        external.wait_exit("the external worker did not exit after its driver ended");
     assert_eq!(status.code(), Some(1), "{said}");
     assert!(said.contains(") joined the driver at "), "{said}");
     assert!(
@@ -581,16 +575,13 @@ fn sigterm_drains_a_worker_which_then_leaves_while_the_cluster_runs_on() {
         "100",
     ]);
     client.wait_joined(1);
-    let external = sluice()
-        .args(["worker", "--driver", &address, "--secret-file", secret])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Let it take part in a few queries, then ask it to drain (the 100 iterations outlast this
-    // by several seconds, also on a loaded machine).
+    let mut external = Client::start(&["worker", "--driver", &address, "--secret-file", secret]);
+    // Once it joined, let it take part in a few queries, then ask it to drain (the 100
+    // iterations outlast this by several seconds, also on a loaded machine).
+    external.wait_joined(1);
     std::thread::sleep(Duration::from_secs(1));
-    signal(external.id(), "TERM");
-    let (status, said) = wait_exit(external, "the drained worker did not leave");
+    signal(external.child.id(), "TERM");
+    let (status, said) = external.wait_exit("the drained worker did not leave");
     assert_eq!(status.code(), Some(0), "a drained worker exits 0: {said}");
     assert!(said.contains(") joined the driver at "), "{said}");
     let (output, stderr) = client.finish();

@@ -26,6 +26,7 @@ use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, W
 
 use crate::auth::{ClusterLink, ClusterSecret, ClusterTls};
 use crate::driver_server::ClusterDriver;
+use crate::worker_process::remove_stale;
 
 /// How to start a cluster of processes.
 #[derive(Debug, Clone)]
@@ -111,6 +112,36 @@ impl Drop for Spawned {
 pub struct ProcessCluster {
     driver: ClusterDriver,
     spawned: Vec<Spawned>,
+    /// The spawned workers' work directory; dropped after them (fields drop in order).
+    _work_dir: WorkDir,
+}
+
+/// The work directory the spawned workers share (each keeps its files in its own sub-directory),
+/// removed with the cluster: what a SIGKILLed worker left there goes too.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create() -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = std::env::temp_dir();
+        // What clients that were killed (no drop ran) left behind.
+        remove_stale(&base, "sluice-cluster-");
+        let dir = base.join(format!("sluice-cluster-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cannot create the workers' directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::fmt::Debug for ProcessCluster {
@@ -142,6 +173,7 @@ impl ProcessCluster {
         )
         .await?;
         let driver_address = local_address(driver.address());
+        let work_dir = WorkDir::create()?;
         let spawned = (0..options.workers)
             .map(|index| {
                 spawn_worker(
@@ -150,10 +182,15 @@ impl ProcessCluster {
                     index + 1,
                     driver.driver().handle(),
                     &link,
+                    &work_dir.0,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut cluster = Self { driver, spawned };
+        let mut cluster = Self {
+            driver,
+            spawned,
+            _work_dir: work_dir,
+        };
         cluster.wait_for_workers(&options).await?;
         Ok(cluster)
     }
@@ -261,11 +298,14 @@ fn spawn_worker(
     index: usize,
     handle: &DriverHandle,
     link: &ClusterLink,
+    work_dir: &std::path::Path,
 ) -> Result<Spawned> {
     let mut command = Command::new(&options.executable);
     command
         .arg("worker")
         .args(["--driver", driver])
+        .arg("--work-dir")
+        .arg(work_dir)
         .args(["--slots", &options.slots.to_string()])
         .args([
             "--heartbeat-interval-ms",

@@ -84,9 +84,10 @@ fn own_dir(base: &Path) -> PathBuf {
     base.join(format!("{OWN_DIR}{}", std::process::id()))
 }
 
-/// Removes what workers that are gone (killed before they could clean up) left in `base`: the
-/// directories of process ids that no longer run. Only where `/proc` says which ids run.
-fn remove_stale(base: &Path) {
+/// Removes what processes that are gone (killed before they could clean up) left in `base`: the
+/// directories named `<prefix><pid>` or `<prefix><pid>-<anything>` of process ids that no longer
+/// run. Only where `/proc` says which ids run.
+pub(crate) fn remove_stale(base: &Path, prefix: &str) {
     if !cfg!(target_os = "linux") {
         return;
     }
@@ -95,9 +96,10 @@ fn remove_stale(base: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(OWN_DIR)) else {
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
             continue;
         };
+        let pid = rest.split_once('-').map_or(rest, |(pid, _)| pid);
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
@@ -125,7 +127,7 @@ pub async fn run_worker_process(
         .work_dir
         .clone()
         .unwrap_or_else(default_work_dir);
-    remove_stale(&base);
+    remove_stale(&base, OWN_DIR);
     let work_dir = own_dir(&base);
     clean_dir(&work_dir)?;
     let _own = OwnDir(work_dir.clone());
@@ -254,7 +256,7 @@ mod tests {
         for dir in [&gone, &mine, &other] {
             std::fs::create_dir_all(dir).unwrap();
         }
-        remove_stale(&base);
+        remove_stale(&base, OWN_DIR);
         let left = |dir: &PathBuf| dir.exists();
         assert_eq!(
             (left(&gone), left(&mine), left(&other)),
