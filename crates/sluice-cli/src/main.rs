@@ -26,7 +26,7 @@ use sluice_engine::config::{ExchangeMode, FlightCompression};
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
 use crate::commands::{
-    ConfigArgs, DemoArgs, ExplainArgs, SltArgs, SqlArgs, TpchCommand, WorkerArgs,
+    ConfigArgs, DemoArgs, ExplainArgs, ServerArgs, SltArgs, SqlArgs, TpchCommand, WorkerArgs,
 };
 
 /// Sluice: a distributed SQL query engine on Apache DataFusion.
@@ -108,6 +108,8 @@ enum Command {
     Config(ConfigArgs),
     /// Run a worker: register with a driver, run its tasks, serve their streams.
     Worker(WorkerArgs),
+    /// Run the driver as a server: an Arrow Flight SQL endpoint over a cluster, until SIGTERM.
+    Server(ServerArgs),
 }
 
 impl GlobalArgs {

@@ -34,6 +34,13 @@ impl DriverBackend for LocalCluster {
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
         LocalCluster::execute(self, graph, context)
     }
+
+    fn endpoints(&self) -> Vec<String> {
+        vec![format!(
+            "driver on {} (in-process workers)",
+            self.driver_address()
+        )]
+    }
 }
 
 impl DriverBackend for ProcessCluster {
@@ -54,6 +61,14 @@ impl DriverBackend for ProcessCluster {
 
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
         ProcessCluster::execute(self, graph, context)
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        vec![format!(
+            "driver on {} (external workers: sluice worker --driver {})",
+            self.driver_address(),
+            self.driver_address()
+        )]
     }
 }
 

@@ -20,4 +20,4 @@ pub mod session;
 
 pub use config::{ExecutionMode, SluiceConfig};
 pub use error::{Result, SluiceError};
-pub use session::{ExplainFormat, SluiceSession, SluiceStatement};
+pub use session::{ExplainFormat, PlannedStatement, SluiceSession, SluiceStatement};

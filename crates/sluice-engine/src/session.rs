@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use arrow::array::{RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -48,6 +49,30 @@ impl StatementOutput {
     /// Number of rows over all batches.
     pub fn row_count(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+}
+
+/// A statement planned by [`SluiceSession::plan`], ready to run.
+#[derive(Debug)]
+pub enum PlannedStatement {
+    /// A physical plan for the runner, and the file-backed tables it reads (named in read errors).
+    Plan {
+        /// What runs.
+        plan: Arc<dyn ExecutionPlan>,
+        /// "'name' (path)" of each table it reads.
+        sources: String,
+    },
+    /// An answer known at planning time (`EXPLAIN DISTRIBUTED`).
+    Ready(RecordBatch),
+}
+
+impl PlannedStatement {
+    /// The schema the statement returns (nullability included).
+    pub fn schema(&self) -> SchemaRef {
+        match self {
+            Self::Plan { plan, .. } => plan.schema(),
+            Self::Ready(batch) => batch.schema(),
+        }
     }
 }
 
@@ -212,15 +237,36 @@ impl SluiceSession {
         &self,
         statement: SluiceStatement,
     ) -> Result<SendableRecordBatchStream> {
+        let planned = self.plan(statement).await?;
+        self.run(planned)
+    }
+
+    /// Plans one statement without running it: DDL and `SET` take effect now, a query's result
+    /// schema is known (front ends answer "what will this return" before any work starts) and
+    /// [`Self::run`] starts it later.
+    pub async fn plan(&self, statement: SluiceStatement) -> Result<PlannedStatement> {
         let statement = match statement {
             SluiceStatement::Sql(statement) => statement,
             SluiceStatement::ExplainDistributed { statement, format } => {
                 let text = self.explain_distributed(statement, format).await?;
-                return explain_stream(text);
+                return Ok(PlannedStatement::Ready(explain_batch(text)?));
             }
         };
         let sources = self.sources_read_by(&statement);
         let plan = self.plan_statement(statement).await?;
+        Ok(PlannedStatement::Plan { plan, sources })
+    }
+
+    /// Starts a planned statement through the session's runner; the stream does the work as it is
+    /// polled and cancels the job when dropped.
+    pub fn run(&self, planned: PlannedStatement) -> Result<SendableRecordBatchStream> {
+        let (plan, sources) = match planned {
+            PlannedStatement::Ready(batch) => {
+                let schema = batch.schema();
+                return Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?));
+            }
+            PlannedStatement::Plan { plan, sources } => (plan, sources),
+        };
         let stream = self.runner.execute(plan, self.ctx.task_ctx())?;
         if sources.is_empty() {
             return Ok(stream);
@@ -228,6 +274,80 @@ impl SluiceSession {
         let schema = stream.schema();
         let annotated = stream.map_err(move |error| annotate_read_error(error, &sources));
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, annotated)))
+    }
+
+    /// Plans the one statement `sql` holds with `parameters` bound to its `$1`, `$2`, …
+    /// placeholders (none: planned as is).
+    pub async fn plan_with_parameters(
+        &self,
+        sql: &str,
+        parameters: Vec<ScalarValue>,
+    ) -> Result<PlannedStatement> {
+        let statement = self.one_sql_statement(sql)?;
+        let sources = self.sources_read_by(&statement);
+        let mut logical = self.ctx.state().statement_to_plan(statement).await?;
+        if !parameters.is_empty() {
+            logical = logical.with_param_values(ParamValues::from(parameters))?;
+        }
+        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let plan = frame.create_physical_plan().await?;
+        Ok(PlannedStatement::Plan { plan, sources })
+    }
+
+    /// What the one statement `sql` holds would return, and the parameters it takes (`$1`, `$2`, …
+    /// in order; a type the planner cannot infer is `Null`), without running or changing anything.
+    pub async fn describe(&self, sql: &str) -> Result<(Schema, Schema)> {
+        let statement = self.one_sql_statement(sql)?;
+        let logical = self.ctx.state().statement_to_plan(statement).await?;
+        let mut parameters: Vec<(usize, String, DataType)> = logical
+            .get_parameter_types()?
+            .into_iter()
+            .map(|(name, data_type)| {
+                let position = name.trim_start_matches('$').parse().unwrap_or(usize::MAX);
+                (position, name, data_type.unwrap_or(DataType::Null))
+            })
+            .collect();
+        parameters.sort();
+        let parameters = Schema::new(
+            parameters
+                .into_iter()
+                .map(|(_, name, data_type)| Field::new(name, data_type, true))
+                .collect::<Vec<_>>(),
+        );
+        Ok((logical.schema().as_arrow().clone(), parameters))
+    }
+
+    /// The single DataFusion statement `sql` holds.
+    fn one_sql_statement(&self, sql: &str) -> Result<Statement> {
+        let mut statements = self.parse_sql(sql)?;
+        match (statements.pop(), statements.is_empty()) {
+            (Some(SluiceStatement::Sql(statement)), true) => Ok(statement),
+            (Some(SluiceStatement::ExplainDistributed { .. }), true) => Err(SluiceError::invalid(
+                "EXPLAIN DISTRIBUTED cannot be prepared: run it as a statement",
+            )),
+            (None, _) => Err(SluiceError::invalid("no SQL statement given")),
+            (Some(_), false) => Err(SluiceError::invalid(
+                "a prepared statement holds exactly one statement",
+            )),
+        }
+    }
+
+    /// A new session over the same tables, runner and memory pool, with a copy of this session's
+    /// settings: what it creates or sets afterwards (tables, views, `SET`) stays its own.
+    pub async fn fork(&self) -> Result<SluiceSession> {
+        let state = self.ctx.state();
+        let ctx =
+            SessionContext::new_with_config_rt(state.config().clone(), state.runtime_env().clone());
+        for name in self.tables.keys() {
+            if let Ok(provider) = self.ctx.table_provider(name.as_str()).await {
+                ctx.register_table(name.as_str(), provider)?;
+            }
+        }
+        Ok(Self {
+            ctx,
+            runner: self.runner.clone(),
+            tables: self.tables.clone(),
+        })
     }
 
     /// Plans one query as a distributed run would (see [`Self::explain_distributed`]) and cuts it
@@ -362,13 +482,11 @@ pub fn explain_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new("plan", DataType::Utf8, false)]))
 }
 
-fn explain_stream(text: String) -> Result<SendableRecordBatchStream> {
-    let schema = explain_schema();
-    let batch = RecordBatch::try_new(
-        schema.clone(),
+fn explain_batch(text: String) -> Result<RecordBatch> {
+    Ok(RecordBatch::try_new(
+        explain_schema(),
         vec![Arc::new(StringArray::from(vec![text]))],
-    )?;
-    Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?))
+    )?)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 mod config;
 mod demo;
 mod explain;
+mod server;
 mod slt;
 mod sql;
 mod tpch;
@@ -16,6 +17,7 @@ use tokio::runtime::Runtime;
 pub use config::ConfigArgs;
 pub use demo::DemoArgs;
 pub use explain::ExplainArgs;
+pub use server::ServerArgs;
 pub use slt::SltArgs;
 pub use sql::{SqlArgs, run_statements};
 pub use tpch::TpchCommand;
@@ -33,5 +35,6 @@ pub fn run(command: Command, config: SluiceConfig, runtime: &Runtime) -> Result<
         Command::Slt(args) => slt::run(args, &config, runtime),
         Command::Config(args) => config::run(args, &config),
         Command::Worker(args) => worker::run(args, &config, runtime),
+        Command::Server(args) => server::run(args, &config, runtime),
     }
 }

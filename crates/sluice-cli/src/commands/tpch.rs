@@ -23,6 +23,20 @@ pub enum TpchCommand {
     Gen(GenArgs),
     /// Run TPC-H queries and print their timings.
     Run(RunArgs),
+    /// Write the 22 queries as SQL files `qNN.sql` (to run them with other clients or engines).
+    Queries(QueriesArgs),
+}
+
+/// Arguments of `sluice tpch queries`.
+#[derive(Debug, Args)]
+pub struct QueriesArgs {
+    /// Scale factor the query parameters are for (q11's fraction depends on it).
+    #[arg(long, allow_negative_numbers = true)]
+    pub scale: f64,
+    /// Directory to write `q01.sql` … `q22.sql` into (created if missing); a query of several
+    /// statements has them separated by lines holding only `;`.
+    #[arg(long, value_name = "DIR")]
+    pub out: std::path::PathBuf,
 }
 
 /// Arguments of `sluice tpch gen`.
@@ -89,6 +103,10 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
             };
             let manifest = generate_with_progress(&options)?;
             print_manifest(&manifest);
+            Ok(ExitCode::SUCCESS)
+        }
+        TpchCommand::Queries(args) => {
+            write_queries(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         TpchCommand::Run(args) => {
@@ -194,6 +212,19 @@ fn print_manifest(manifest: &Manifest) {
 }
 
 /// Runs the benchmark, prints its table (and the pass/fail line when verifying), writes `--json`.
+/// Writes `sluice tpch queries`' files.
+fn write_queries(args: &QueriesArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.out).map_err(|e| SluiceError::io(&args.out, e))?;
+    for number in 1..=22u8 {
+        let query = sluice_tpch::tpch_query(number, args.scale)?;
+        let path = args.out.join(format!("q{number:02}.sql"));
+        let text = query.statements.join("\n;\n") + "\n";
+        std::fs::write(&path, text).map_err(|e| SluiceError::io(&path, e))?;
+    }
+    eprintln!("wrote q01.sql … q22.sql to {}", args.out.display());
+    Ok(())
+}
+
 pub fn run_and_report(
     session: &SluiceSession,
     reference: Option<&SluiceSession>,

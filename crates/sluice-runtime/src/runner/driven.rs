@@ -40,6 +40,10 @@ pub trait DriverBackend: Send + Sync + 'static {
     fn handle(&self) -> &DriverHandle;
     /// Runs `graph`; the stream is lazy and cancels the job when dropped.
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream;
+    /// Lines naming where it listens (the driver's address), for a server to print at start.
+    fn endpoints(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Runs plans as job graphs on a `B` started on first use; see the module docs.
@@ -116,5 +120,10 @@ impl<B: DriverBackend> JobRunner for DriverRunner<B> {
 
     fn driver(&self) -> Option<DriverHandle> {
         self.backend.get().map(|backend| backend.handle().clone())
+    }
+
+    fn start_now(&self) -> BoxFuture<'static, Result<Vec<String>>> {
+        let runner = self.clone();
+        Box::pin(async move { Ok(runner.backend().await?.endpoints()) })
     }
 }

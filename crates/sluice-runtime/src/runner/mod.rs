@@ -54,6 +54,13 @@ pub trait JobRunner: Debug + Send + Sync {
         crate::codec::distributed_graph_options()
     }
 
+    /// Starts now what the runner would start on its first query (a cluster and its workers), so a
+    /// server is ready before its first client; returns lines naming its endpoints (none for
+    /// in-process modes).
+    fn start_now(&self) -> BoxFuture<'static, Result<Vec<String>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// The driver that runs this runner's jobs, once it started; `None` for modes without one.
     fn driver(&self) -> Option<DriverHandle> {
         None

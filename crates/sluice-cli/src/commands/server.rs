@@ -1,0 +1,113 @@
+//! `sluice server`: the driver as a long-running server with an Arrow Flight SQL endpoint.
+//!
+//! Start: tables from `--data` / `--table` (one whose files cannot be read is reported and left out;
+//! it never stops the server), the cluster of the configured mode (`cluster` with 2 worker processes
+//! unless `--mode` / `--workers` say otherwise), then one line per endpoint on stderr. Stop:
+//! SIGTERM or Ctrl-C stops accepting calls, gives running calls a grace period, then stops the
+//! workers (dropping the runner).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use sluice_engine::catalog::{TableSource, discover_tables, parse_table_arg};
+use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
+use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
+use sluice_server::{FlightSqlEndpoint, FlightSqlOptions, SessionFactory, Sessions};
+use tokio::runtime::Runtime;
+
+use crate::commands::sql::TableArgs;
+use crate::runners::runner_for;
+
+/// How long running calls may take to finish once the server is told to stop.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Arguments of `sluice server`.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    #[command(flatten)]
+    pub tables: TableArgs,
+    /// Where the Arrow Flight SQL endpoint listens (port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_FLIGHT_SQL_LISTEN)]
+    pub flight_sql_listen: String,
+}
+
+/// Runs `sluice server` until SIGTERM or Ctrl-C.
+pub fn run(args: ServerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
+    let mut config = config.clone();
+    if config.mode.source == "default" {
+        config.mode.value = ExecutionMode::Cluster;
+        config.mode.source = "sluice server's default".to_string();
+    }
+    runtime.block_on(serve(args, config))
+}
+
+async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
+    let runner = runner_for(&config);
+    let mut base = SluiceSession::new(&config, runner.clone())?;
+    for source in table_sources(&args.tables)? {
+        let name = source.name.clone();
+        if let Err(error) = base.register_table(source).await {
+            eprintln!("sluice server: table '{name}' left out: {error}");
+        }
+    }
+    for line in runner.start_now().await? {
+        eprintln!("sluice server: {line}");
+    }
+    let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await?);
+    let endpoint = FlightSqlEndpoint::start(
+        sessions,
+        &FlightSqlOptions {
+            listen: args.flight_sql_listen.clone(),
+        },
+    )
+    .await?;
+    eprintln!(
+        "sluice server: Flight SQL on grpc://{} ({} mode, {} tables)",
+        endpoint.address(),
+        runner.mode_name(),
+        endpoint.sessions().base().tables().len()
+    );
+    let signal = stop_signal().await;
+    eprintln!(
+        "sluice server: {signal}: stopping (running calls get {} s)",
+        STOP_GRACE.as_secs()
+    );
+    if tokio::time::timeout(STOP_GRACE, endpoint.stop())
+        .await
+        .is_err()
+    {
+        eprintln!("sluice server: calls still running after the grace period were cut off");
+    }
+    eprintln!("sluice server: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The tables the arguments name; a directory that cannot be listed is an error (nothing to serve).
+fn table_sources(args: &TableArgs) -> Result<Vec<TableSource>> {
+    let mut sources = Vec::new();
+    if let Some(dir) = &args.data {
+        sources.extend(discover_tables(dir)?);
+    }
+    for arg in &args.tables {
+        sources.push(parse_table_arg(arg)?);
+    }
+    Ok(sources)
+}
+
+/// Waits for SIGTERM or Ctrl-C and says which came.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            return tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "Ctrl-C",
+            };
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    "Ctrl-C"
+}

@@ -1,0 +1,202 @@
+//! `sluice server` with real clients: two servers over TPC-H SF 0.01 (the cluster under test with two
+//! worker processes, and local mode as the reference) and the Python suite in `tests/python` run
+//! through ADBC's Flight SQL driver, in a venv this test creates (pinned `requirements.txt`; pip
+//! reads the package registry the first time, later runs reuse the venv).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{sluice, tpch_dir};
+
+const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
+
+/// The venv with the pinned clients, created (or refreshed when the requirements change) once.
+fn python() -> PathBuf {
+    let requirements =
+        std::fs::read_to_string(Path::new(PYTHON_DIR).join("requirements.txt")).unwrap();
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-clients");
+    let marker = venv.join("sluice-requirements.txt");
+    let python = venv.join("bin").join("python");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(requirements.as_str()) {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    let created = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .expect("python3 is needed for the client tests (.ci/run installs it)");
+    assert!(
+        created.status.success(),
+        "python3 -m venv failed (Debian: apt-get install python3-venv): {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let installed = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(Path::new(PYTHON_DIR).join("requirements.txt"))
+        .output()
+        .unwrap();
+    assert!(
+        installed.status.success(),
+        "pip could not install the pinned clients: {}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    std::fs::write(&marker, requirements).unwrap();
+    python
+}
+
+/// A running `sluice server`; dropping it sends SIGTERM and waits for it to stop.
+struct Server {
+    child: Child,
+    url: String,
+    /// What it printed up to its Flight SQL line (included).
+    started: Vec<String>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    // The child is waited for by `stop` or `Drop`.
+    #[allow(clippy::zombie_processes)]
+    fn start(flags: &[&str], data: &Path) -> Server {
+        let mut child = sluice()
+            .args(flags)
+            .args(["server", "--flight-sql-listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no Flight SQL line from the server; it said {seen:?}"));
+            seen.push(line.clone());
+            if let Some(rest) = line.strip_prefix("sluice server: Flight SQL on ") {
+                let url = rest.split_whitespace().next().unwrap().to_string();
+                return Server {
+                    child,
+                    url,
+                    started: seen,
+                    lines,
+                };
+            }
+        }
+    }
+
+    /// SIGTERM, then the lines it printed while stopping.
+    fn stop(mut self) -> Vec<String> {
+        let pid = self.child.id().to_string();
+        let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(killed.success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the server exited with {status}");
+        self.lines.try_iter().collect()
+    }
+}
+
+impl Drop for Server {
+    /// A test that fails leaves no server (or its workers) behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Each TPC-H query as `qNN.sql` (`sluice tpch queries`).
+fn query_files() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-queries-sf0.01");
+    let output = sluice()
+        .args(["tpch", "queries", "--scale", "0.01", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let q15 = std::fs::read_to_string(dir.join("q15.sql")).unwrap();
+    assert_eq!(q15.matches("\n;\n").count(), 2, "{q15}");
+    dir
+}
+
+#[test]
+fn adbc_sees_the_local_answers_through_a_two_worker_server() {
+    let python = python();
+    let data = tpch_dir();
+    let cluster = Server::start(&["--workers", "2"], data);
+    let local = Server::start(&["--mode", "local"], data);
+    let output = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(Path::new(PYTHON_DIR).join("test_flight_sql.py"))
+        .env("SLUICE_FLIGHT_SQL", &cluster.url)
+        .env("SLUICE_FLIGHT_SQL_LOCAL", &local.url)
+        .env("SLUICE_TPCH_QUERIES", query_files())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pytest failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("26 passed"), "{stdout}");
+    let stopping = cluster.stop();
+    assert!(
+        stopping.iter().any(|line| line == "sluice server: stopped"),
+        "{stopping:?}"
+    );
+    local.stop();
+}
+
+#[test]
+fn a_table_that_cannot_be_read_is_reported_and_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("good.csv"), "a\n1\n").unwrap();
+    std::fs::write(dir.path().join("bad.parquet"), b"not parquet at all").unwrap();
+    let server = Server::start(&["--mode", "local"], dir.path());
+    let left_out: Vec<_> = server
+        .started
+        .iter()
+        .filter(|line| line.starts_with("sluice server: table 'bad' left out: table 'bad' ("))
+        .collect();
+    assert_eq!(left_out.len(), 1, "{:?}", server.started);
+    assert!(
+        server
+            .started
+            .last()
+            .unwrap()
+            .ends_with("(local mode, 1 tables)"),
+        "{:?}",
+        server.started
+    );
+    let stopping = server.stop();
+    assert_eq!(
+        stopping.last().map(String::as_str),
+        Some("sluice server: stopped")
+    );
+}

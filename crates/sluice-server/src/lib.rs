@@ -1,0 +1,28 @@
+//! Sluice's front door: the Arrow Flight SQL endpoint of `sluice server`.
+//!
+//! ```text
+//!  client ── Handshake (basic) ─────────► sessions: token → SluiceSession (own settings, own DDL)
+//!         ── GetFlightInfo(statement) ──► session.plan(sql) → queries: handle → planned statement
+//!         ◄─ FlightInfo(schema, ticket) ─┘
+//!         ── DoGet(ticket) ─────────────► queries.take(handle) → session.run → job output stream
+//!         ◄─ FlightData … (while the job runs; dropping the call cancels the job)
+//! ```
+//!
+//! Invariants:
+//! - Every statement runs through its session's [`sluice_runtime::JobRunner`], the same path the CLI
+//!   uses, so a front-door query returns exactly what `sluice sql` returns in the server's mode; the
+//!   schema a `FlightInfo` announces is the physical plan's (nullability included).
+//! - A ticket belongs to the session that planned it and is used once; tickets nobody fetched
+//!   expire ([`queries::PENDING_TTL`]).
+//! - Errors are mapped to gRPC codes in one place ([`status::status_of`]) with the text local mode
+//!   prints.
+
+pub mod metadata;
+pub mod queries;
+pub mod server;
+pub mod service;
+pub mod sessions;
+pub mod status;
+
+pub use server::{FlightSqlEndpoint, FlightSqlOptions};
+pub use sessions::{SessionFactory, Sessions};

@@ -1,0 +1,287 @@
+//! Statements between planning and fetching: `GetFlightInfo` plans a statement and files it under a
+//! handle; `DoGet` with that handle's ticket takes it out and runs it. Prepared statements stay until
+//! closed, with the parameters last bound to them.
+//!
+//! Invariants:
+//! - A handle is used by the session that made it, and a planned statement is run at most once.
+//! - Planned statements nobody fetched are dropped after [`PENDING_TTL`] (checked whenever one is
+//!   filed), so abandoned `GetFlightInfo` calls do not pile up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use datafusion::common::ScalarValue;
+use sluice_engine::{PlannedStatement, SluiceSession};
+use tonic::Status;
+
+use crate::sessions::SessionKey;
+
+/// How long a planned statement waits for its `DoGet`.
+pub const PENDING_TTL: Duration = Duration::from_secs(600);
+
+/// The handle of a planned or prepared statement, as it travels in tickets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueryHandle(pub u64);
+
+impl QueryHandle {
+    /// The bytes put in tickets and prepared-statement handles.
+    pub fn to_bytes(self) -> Vec<u8> {
+        format!("sluice-query-{}", self.0).into_bytes()
+    }
+
+    /// The handle `bytes` carry.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, Status> {
+        std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| text.strip_prefix("sluice-query-"))
+            .and_then(|number| number.parse().ok())
+            .map(Self)
+            .ok_or_else(|| Status::invalid_argument("not a statement handle of this server"))
+    }
+}
+
+impl std::fmt::Display for QueryHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "statement {}", self.0)
+    }
+}
+
+struct Pending {
+    owner: SessionKey,
+    session: Arc<SluiceSession>,
+    planned: PlannedStatement,
+    filed: Instant,
+}
+
+/// A prepared statement: its SQL and the parameters bound last.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The statement's text.
+    pub sql: String,
+    /// Values for `$1`, `$2`, … (empty until bound).
+    pub parameters: Vec<ScalarValue>,
+}
+
+struct PreparedEntry {
+    owner: SessionKey,
+    prepared: Prepared,
+}
+
+/// Planned statements waiting for their `DoGet`, and open prepared statements.
+#[derive(Default)]
+pub struct Queries {
+    next: AtomicU64,
+    pending: Mutex<HashMap<QueryHandle, Pending>>,
+    prepared: Mutex<HashMap<QueryHandle, PreparedEntry>>,
+}
+
+impl std::fmt::Debug for Queries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queries")
+            .field("pending", &self.pending_count())
+            .field("prepared", &lock(&self.prepared).len())
+            .finish()
+    }
+}
+
+impl Queries {
+    /// Files `planned` for `owner`; the handle fetches it once.
+    pub fn file(
+        &self,
+        owner: SessionKey,
+        session: Arc<SluiceSession>,
+        planned: PlannedStatement,
+    ) -> QueryHandle {
+        let handle = self.next_handle();
+        let mut pending = lock(&self.pending);
+        pending.retain(|_, entry| entry.filed.elapsed() < PENDING_TTL);
+        pending.insert(
+            handle,
+            Pending {
+                owner,
+                session,
+                planned,
+                filed: Instant::now(),
+            },
+        );
+        handle
+    }
+
+    /// Takes the statement filed under `handle` by `owner`.
+    pub fn take(
+        &self,
+        handle: QueryHandle,
+        owner: &SessionKey,
+    ) -> Result<(Arc<SluiceSession>, PlannedStatement), Status> {
+        let mut pending = lock(&self.pending);
+        match pending.get(&handle) {
+            Some(entry) if &entry.owner == owner => {}
+            Some(_) => {
+                return Err(Status::permission_denied(format!(
+                    "{handle} belongs to another session"
+                )));
+            }
+            None => {
+                return Err(Status::not_found(format!(
+                    "{handle} is unknown, already fetched or expired: call GetFlightInfo again"
+                )));
+            }
+        }
+        let entry = pending
+            .remove(&handle)
+            .ok_or_else(|| Status::internal("lost a statement"))?;
+        Ok((entry.session, entry.planned))
+    }
+
+    /// Statements planned and not fetched yet.
+    pub fn pending_count(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    /// Opens a prepared statement.
+    pub fn prepare(&self, owner: SessionKey, sql: String) -> QueryHandle {
+        let handle = self.next_handle();
+        lock(&self.prepared).insert(
+            handle,
+            PreparedEntry {
+                owner,
+                prepared: Prepared {
+                    sql,
+                    parameters: Vec::new(),
+                },
+            },
+        );
+        handle
+    }
+
+    /// The prepared statement `handle` of `owner`.
+    pub fn prepared(&self, handle: QueryHandle, owner: &SessionKey) -> Result<Prepared, Status> {
+        let prepared = lock(&self.prepared);
+        let entry = owned(prepared.get(&handle), handle, owner)?;
+        Ok(entry.prepared.clone())
+    }
+
+    /// Binds `parameters` to prepared statement `handle`.
+    pub fn bind(
+        &self,
+        handle: QueryHandle,
+        owner: &SessionKey,
+        parameters: Vec<ScalarValue>,
+    ) -> Result<(), Status> {
+        let mut prepared = lock(&self.prepared);
+        owned(prepared.get(&handle), handle, owner)?;
+        if let Some(entry) = prepared.get_mut(&handle) {
+            entry.prepared.parameters = parameters;
+        }
+        Ok(())
+    }
+
+    /// Closes prepared statement `handle`.
+    pub fn close(&self, handle: QueryHandle, owner: &SessionKey) -> Result<(), Status> {
+        let mut prepared = lock(&self.prepared);
+        owned(prepared.get(&handle), handle, owner)?;
+        prepared.remove(&handle);
+        Ok(())
+    }
+
+    fn next_handle(&self) -> QueryHandle {
+        QueryHandle(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+}
+
+fn owned<'a>(
+    entry: Option<&'a PreparedEntry>,
+    handle: QueryHandle,
+    owner: &SessionKey,
+) -> Result<&'a PreparedEntry, Status> {
+    match entry {
+        Some(entry) if &entry.owner == owner => Ok(entry),
+        Some(_) => Err(Status::permission_denied(format!(
+            "prepared {handle} belongs to another session"
+        ))),
+        None => Err(Status::not_found(format!(
+            "prepared {handle} is unknown or closed"
+        ))),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use sluice_engine::SluiceConfig;
+
+    use super::*;
+    use crate::sessions::SessionId;
+
+    async fn planned(session: &SluiceSession) -> PlannedStatement {
+        let statement = session.parse_sql("select 1").unwrap().remove(0);
+        session.plan(statement).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_filed_statement_is_taken_once_and_only_by_its_session() {
+        let session = Arc::new(
+            SluiceSession::new(
+                &SluiceConfig::default(),
+                Arc::new(sluice_runtime::LocalRunner),
+            )
+            .unwrap(),
+        );
+        let queries = Queries::default();
+        let owner = SessionKey::Opened(SessionId(1));
+        let handle = queries.file(owner.clone(), session.clone(), planned(&session).await);
+        assert_eq!(QueryHandle::from_bytes(&handle.to_bytes()).unwrap(), handle);
+        let stranger = queries.take(handle, &SessionKey::Anonymous).unwrap_err();
+        assert_eq!(stranger.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            queries
+                .take(handle, &owner)
+                .unwrap()
+                .1
+                .schema()
+                .fields()
+                .len(),
+            1
+        );
+        let again = queries.take(handle, &owner).unwrap_err();
+        assert_eq!(again.code(), tonic::Code::NotFound);
+        assert_eq!(queries.pending_count(), 0);
+    }
+
+    #[test]
+    fn prepared_statements_keep_their_parameters_until_closed() {
+        let queries = Queries::default();
+        let owner = SessionKey::Anonymous;
+        let handle = queries.prepare(owner.clone(), "select $1".into());
+        queries
+            .bind(handle, &owner, vec![ScalarValue::Int64(Some(7))])
+            .unwrap();
+        assert_eq!(
+            queries.prepared(handle, &owner).unwrap().parameters,
+            vec![ScalarValue::Int64(Some(7))]
+        );
+        let stranger = SessionKey::Opened(SessionId(3));
+        assert_eq!(
+            queries.close(handle, &stranger).unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        queries.close(handle, &owner).unwrap();
+        assert_eq!(
+            queries.prepared(handle, &owner).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            QueryHandle::from_bytes(b"nonsense").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! [`FlightSqlEndpoint`]: the Flight SQL service served on a TCP address until stopped.
+//!
+//! Invariant: dropping the endpoint (or [`FlightSqlEndpoint::stop`]) stops accepting calls; calls in
+//! flight end with their client.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use sluice_engine::{Result, SluiceError};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::queries::Queries;
+use crate::service::SluiceFlightSql;
+use crate::sessions::Sessions;
+
+/// Where the Flight SQL endpoint listens unless told otherwise.
+pub const DEFAULT_FLIGHT_SQL_LISTEN: &str = "127.0.0.1:50051";
+
+/// How the endpoint serves.
+#[derive(Debug, Clone)]
+pub struct FlightSqlOptions {
+    /// `host:port` to listen on (port 0 picks a free one).
+    pub listen: String,
+}
+
+impl Default for FlightSqlOptions {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_FLIGHT_SQL_LISTEN.to_string(),
+        }
+    }
+}
+
+/// A running Flight SQL endpoint.
+#[derive(Debug)]
+pub struct FlightSqlEndpoint {
+    address: SocketAddr,
+    queries: Arc<Queries>,
+    sessions: Arc<Sessions>,
+    stop: Option<oneshot::Sender<()>>,
+    serving: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+}
+
+impl FlightSqlEndpoint {
+    /// Serves `sessions` on `options.listen`. Without user accounts (future work) the endpoint
+    /// accepts anyone, so only a loopback address is allowed.
+    pub async fn start(sessions: Arc<Sessions>, options: &FlightSqlOptions) -> Result<Self> {
+        let listen_error = |e: std::io::Error| {
+            SluiceError::invalid(format!(
+                "the Flight SQL endpoint cannot listen on {}: {e}",
+                options.listen
+            ))
+        };
+        let listener = TcpListener::bind(&options.listen)
+            .await
+            .map_err(listen_error)?;
+        let address = listener.local_addr().map_err(listen_error)?;
+        if !address.ip().is_loopback() {
+            return Err(SluiceError::invalid(format!(
+                "the Flight SQL endpoint would accept anyone on {address}: listen on a loopback \
+                 address (user accounts for other addresses are not built yet)"
+            )));
+        }
+        let queries = Arc::new(Queries::default());
+        let service = SluiceFlightSql::new(sessions.clone(), queries.clone())
+            .map_err(|status| SluiceError::invalid(status.message().to_string()))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let serving = tokio::spawn(
+            Server::builder()
+                .add_service(
+                    FlightServiceServer::new(service)
+                        .max_decoding_message_size(usize::MAX)
+                        .max_encoding_message_size(usize::MAX),
+                )
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = stopped.await;
+                }),
+        );
+        Ok(Self {
+            address,
+            queries,
+            sessions,
+            stop: Some(stop),
+            serving: Some(serving),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Statements planned and not fetched yet.
+    pub fn pending_statements(&self) -> usize {
+        self.queries.pending_count()
+    }
+
+    /// The sessions it serves.
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
+    /// Stops accepting calls and waits for the server to end.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            let _ = serving.await;
+        }
+    }
+}
+
+impl Drop for FlightSqlEndpoint {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

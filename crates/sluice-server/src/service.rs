@@ -1,0 +1,514 @@
+//! [`SluiceFlightSql`]: the Flight SQL service. Each call finds its session ([`Sessions`]), plans or
+//! runs through it, and maps failures with [`status_of`].
+//!
+//! ```text
+//!  GetFlightInfo(CommandStatementQuery)        plan → file under a handle → FlightInfo{schema, ticket}
+//!  DoGet(TicketStatementQuery)                 take the handle → run → FlightData while the job runs
+//!  DoPut(CommandStatementUpdate)               run every statement → affected rows
+//!  CreatePreparedStatement / DoPut(bind) / GetFlightInfo(CommandPreparedStatementQuery) / Close
+//!  GetFlightInfo + DoGet of Catalogs, DbSchemas, Tables, TableTypes, SqlInfo, XdbcTypeInfo
+//! ```
+//!
+//! Invariants: a query runs only when its `DoGet` is polled, and dropping the `DoGet` call drops the
+//! job output stream, which cancels the job on every worker.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Schema};
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::metadata::{SqlInfoData, XdbcTypeInfoData};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, CommandGetCatalogs, CommandGetDbSchemas,
+    CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandGetXdbcTypeInfo,
+    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
+    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
+    TicketStatementQuery,
+};
+use arrow_flight::{
+    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
+};
+use base64::Engine;
+use datafusion::common::ScalarValue;
+use datafusion::execution::SendableRecordBatchStream;
+use futures::{Stream, TryStreamExt, stream};
+use prost::Message;
+use sluice_engine::{PlannedStatement, SluiceError, SluiceSession, SluiceStatement};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::metadata;
+use crate::queries::{Queries, QueryHandle};
+use crate::sessions::Sessions;
+use crate::status::{status_of, status_of_datafusion};
+
+type DoGetStream = <SluiceFlightSql as FlightService>::DoGetStream;
+
+/// The Flight SQL service of `sluice server`.
+pub struct SluiceFlightSql {
+    sessions: Arc<Sessions>,
+    queries: Arc<Queries>,
+    sql_info: SqlInfoData,
+    xdbc_info: XdbcTypeInfoData,
+}
+
+impl std::fmt::Debug for SluiceFlightSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SluiceFlightSql")
+            .field("sessions", &self.sessions)
+            .field("queries", &self.queries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SluiceFlightSql {
+    /// A service over `sessions`, filing statements in `queries`.
+    pub fn new(sessions: Arc<Sessions>, queries: Arc<Queries>) -> Result<Self, Status> {
+        Ok(Self {
+            sessions,
+            queries,
+            sql_info: metadata::sql_info()?,
+            xdbc_info: metadata::xdbc_type_info()?,
+        })
+    }
+
+    /// Files the statement `planned` plans; the FlightInfo's ticket fetches it.
+    async fn file_statement(
+        &self,
+        planned: impl Future<Output = Result<PlannedStatement, SluiceError>>,
+        session: Arc<SluiceSession>,
+        key: crate::sessions::SessionKey,
+        descriptor: FlightDescriptor,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let planned = planned.await.map_err(|e| status_of(&e))?;
+        let schema = planned.schema();
+        let handle = self.queries.file(key, session, planned);
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.to_bytes().into(),
+        };
+        let info = FlightInfo::new()
+            .try_with_schema(schema.as_ref())
+            .map_err(|e| Status::internal(format!("encoding the result schema: {e}")))?
+            .with_endpoint(
+                FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec())),
+            )
+            .with_descriptor(descriptor)
+            .with_ordered(true);
+        Ok(Response::new(info))
+    }
+}
+
+/// The single statement `sql` holds (Flight SQL runs one statement per request).
+fn one_statement(session: &SluiceSession, sql: &str) -> Result<SluiceStatement, SluiceError> {
+    let mut statements = session.parse_sql(sql)?;
+    match statements.len() {
+        1 => Ok(statements.remove(0)),
+        0 => Err(SluiceError::invalid("no SQL statement given")),
+        n => Err(SluiceError::invalid(format!(
+            "one statement per Flight SQL request, got {n}: send them one by one"
+        ))),
+    }
+}
+
+/// `stream` as Flight data, errors mapped once.
+fn encode(stream: SendableRecordBatchStream) -> DoGetStream {
+    let schema = stream.schema();
+    let batches = stream.map_err(|e| FlightError::Tonic(Box::new(status_of_datafusion(e))));
+    let data = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(batches)
+        .map_err(Status::from);
+    Box::pin(data)
+}
+
+/// One metadata batch as Flight data.
+fn encode_batch(batch: RecordBatch) -> DoGetStream {
+    let schema = batch.schema();
+    let data = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(stream::once(async move { Ok(batch) }))
+        .map_err(Status::from);
+    Box::pin(data)
+}
+
+/// A FlightInfo whose ticket is `command` itself (metadata commands are answered statelessly).
+fn metadata_info(
+    command: impl ProstMessageExt,
+    schema: &Schema,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
+    let info = FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| Status::internal(format!("encoding a metadata schema: {e}")))?
+        .with_endpoint(
+            FlightEndpoint::new().with_ticket(Ticket::new(command.as_any().encode_to_vec())),
+        )
+        .with_descriptor(descriptor);
+    Ok(Response::new(info))
+}
+
+/// Rows a DDL/DML statement affected: DataFusion's `count` column for `INSERT`, else 0.
+async fn affected_rows(stream: SendableRecordBatchStream) -> Result<i64, Status> {
+    let output = sluice_engine::session::collect_stream(stream)
+        .await
+        .map_err(|e| status_of(&e))?;
+    let counted = output.schema.fields().len() == 1
+        && output.schema.field(0).name() == "count"
+        && output.schema.field(0).data_type() == &DataType::UInt64;
+    if !counted {
+        return Ok(0);
+    }
+    let mut total = 0i64;
+    for batch in &output.batches {
+        if let Some(counts) = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::UInt64Array>()
+        {
+            total += counts.iter().flatten().map(|n| n as i64).sum::<i64>();
+        }
+    }
+    Ok(total)
+}
+
+/// The one row of parameter values a client bound, column by column.
+async fn bound_parameters(
+    request: Request<PeekableFlightDataStream>,
+) -> Result<Vec<ScalarValue>, Status> {
+    let data = request.into_inner().map_err(FlightError::from);
+    let batches: Vec<RecordBatch> = FlightRecordBatchStream::new_from_flight_data(data)
+        .try_collect()
+        .await
+        .map_err(|e| Status::invalid_argument(format!("reading the bound parameters: {e}")))?;
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let Some(batch) = batches.iter().find(|batch| batch.num_rows() > 0) else {
+        return Ok(Vec::new());
+    };
+    if rows != 1 {
+        return Err(Status::invalid_argument(format!(
+            "a prepared statement binds one row of parameters, got {rows}"
+        )));
+    }
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            ScalarValue::try_from_array(column, 0)
+                .map_err(|e| Status::invalid_argument(format!("a bound parameter: {e}")))
+        })
+        .collect()
+}
+
+fn ipc_schema(schema: &Schema) -> Result<prost::bytes::Bytes, Status> {
+    let message: Result<IpcMessage, _> =
+        SchemaAsIpc::new(schema, &IpcWriteOptions::default()).try_into();
+    message
+        .map(|IpcMessage(bytes)| bytes)
+        .map_err(|e| Status::internal(format!("encoding a schema: {e}")))
+}
+
+/// The user name of `authorization: Basic base64(user:password)`.
+fn basic_user<T>(request: &Request<T>) -> Result<String, Status> {
+    let Some(value) = request.metadata().get("authorization") else {
+        return Ok("anonymous".to_string());
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| Status::invalid_argument("the authorization header is not text"))?;
+    let encoded = text.strip_prefix("Basic ").ok_or_else(|| {
+        Status::invalid_argument("the handshake takes 'authorization: Basic base64(user:password)'")
+    })?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|e| Status::invalid_argument(format!("basic credentials: {e}")))?;
+    let text = String::from_utf8(decoded)
+        .map_err(|_| Status::invalid_argument("basic credentials are not UTF-8"))?;
+    let user = text.split_once(':').map_or(text.as_str(), |(user, _)| user);
+    Ok(user.to_string())
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for SluiceFlightSql {
+    type FlightService = SluiceFlightSql;
+
+    async fn do_handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<
+        Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
+        Status,
+    > {
+        let user = basic_user(&request)?;
+        let token = self.sessions.open(&user).await.map_err(|e| status_of(&e))?;
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: token.clone().into_bytes().into(),
+        };
+        let mut response: Response<Pin<Box<dyn Stream<Item = _> + Send>>> =
+            Response::new(Box::pin(stream::once(async move { Ok(reply) })));
+        let header = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Status::internal("a session token is not a header value"))?;
+        response.metadata_mut().insert("authorization", header);
+        Ok(response)
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let (key, session) = self.sessions.of_request(&request)?;
+        let planned = {
+            let session = session.clone();
+            async move {
+                let statement = one_statement(&session, &query.query)?;
+                session.plan(statement).await
+            }
+        };
+        let descriptor = request.get_ref().clone();
+        self.file_statement(planned, session, key, descriptor).await
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let (key, session) = self.sessions.of_request(&request)?;
+        let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
+        let prepared = self.queries.prepared(handle, &key)?;
+        let planned = {
+            let session = session.clone();
+            async move {
+                session
+                    .plan_with_parameters(&prepared.sql, prepared.parameters)
+                    .await
+            }
+        };
+        let descriptor = request.get_ref().clone();
+        self.file_statement(planned, session, key, descriptor).await
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let (key, _) = self.sessions.of_request(&request)?;
+        let handle = QueryHandle::from_bytes(&ticket.statement_handle)?;
+        let (session, planned) = self.queries.take(handle, &key)?;
+        let stream = session.run(planned).map_err(|e| status_of(&e))?;
+        Ok(Response::new(encode(stream)))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        command: CommandStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let (_, session) = self.sessions.of_request(&request)?;
+        let statement = one_statement(&session, &command.query).map_err(|e| status_of(&e))?;
+        let stream = session
+            .execute_statement(statement)
+            .await
+            .map_err(|e| status_of(&e))?;
+        affected_rows(stream).await
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let (key, session) = self.sessions.of_request(&request)?;
+        let (dataset, parameters) = session
+            .describe(&query.query)
+            .await
+            .map_err(|e| status_of(&e))?;
+        let handle = self.queries.prepare(key, query.query);
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: handle.to_bytes().into(),
+            dataset_schema: ipc_schema(&dataset)?,
+            parameter_schema: ipc_schema(&parameters)?,
+        })
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let (key, _) = self.sessions.of_request(&request)?;
+        let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
+        let parameters = bound_parameters(request).await?;
+        self.queries.bind(handle, &key, parameters)?;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(handle.to_bytes().into()),
+        })
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let (key, session) = self.sessions.of_request(&request)?;
+        let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
+        let prepared = self.queries.prepared(handle, &key)?;
+        let mut parameters = bound_parameters(request).await?;
+        if parameters.is_empty() {
+            parameters = prepared.parameters;
+        }
+        let planned = session
+            .plan_with_parameters(&prepared.sql, parameters)
+            .await
+            .map_err(|e| status_of(&e))?;
+        let stream = session.run(planned).map_err(|e| status_of(&e))?;
+        affected_rows(stream).await
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<(), Status> {
+        let (key, _) = self.sessions.of_request(&request)?;
+        let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
+        self.queries.close(handle, &key)
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.sessions.of_request(&request)?;
+        let schema = query.into_builder().schema();
+        metadata_info(query, &schema, request.into_inner())
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let (_, session) = self.sessions.of_request(&request)?;
+        let batch = metadata::catalogs(session.context(), query)?;
+        Ok(Response::new(encode_batch(batch)))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.sessions.of_request(&request)?;
+        let schema = query.clone().into_builder().schema();
+        metadata_info(query, &schema, request.into_inner())
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let (_, session) = self.sessions.of_request(&request)?;
+        let batch = metadata::schemas(session.context(), query)?;
+        Ok(Response::new(encode_batch(batch)))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.sessions.of_request(&request)?;
+        let schema = query.clone().into_builder().schema();
+        metadata_info(query, &schema, request.into_inner())
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let (_, session) = self.sessions.of_request(&request)?;
+        let batch = metadata::tables(session.context(), query).await?;
+        Ok(Response::new(encode_batch(batch)))
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.sessions.of_request(&request)?;
+        let schema = query.into_builder().schema();
+        metadata_info(query, &schema, request.into_inner())
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.sessions.of_request(&request)?;
+        Ok(Response::new(encode_batch(metadata::table_types(query)?)))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.sessions.of_request(&request)?;
+        let schema = query.clone().into_builder(&self.sql_info).schema();
+        metadata_info(query, &schema, request.into_inner())
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.sessions.of_request(&request)?;
+        let batch = query
+            .into_builder(&self.sql_info)
+            .build()
+            .map_err(|e| Status::internal(format!("SqlInfo: {e}")))?;
+        Ok(Response::new(encode_batch(batch)))
+    }
+
+    async fn get_flight_info_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.sessions.of_request(&request)?;
+        let schema = query.into_builder(&self.xdbc_info).schema();
+        metadata_info(query, &schema, request.into_inner())
+    }
+
+    async fn do_get_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.sessions.of_request(&request)?;
+        let batch = query
+            .into_builder(&self.xdbc_info)
+            .build()
+            .map_err(|e| Status::internal(format!("XdbcTypeInfo: {e}")))?;
+        Ok(Response::new(encode_batch(batch)))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}

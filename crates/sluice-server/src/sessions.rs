@@ -1,0 +1,237 @@
+//! The server's sessions: each client that authenticates gets a [`SluiceSession`] of its own, forked
+//! from the server's base session (its tables, runner and memory pool), so what it creates or sets
+//! stays its own. Requests that carry no token share one anonymous session.
+//!
+//! Invariants:
+//! - A token is `s<id>.<secret>`: the id finds the session, the 128-bit random secret is compared in
+//!   constant time, so neither a guessed id nor timing reveals another session.
+//! - Sessions live until the server stops (closing one is future work: Flight SQL has no "logout").
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sluice_engine::{Result, SluiceError, SluiceSession};
+use subtle::ConstantTimeEq;
+use tonic::{Request, Status};
+
+/// Makes the session of each new client.
+#[derive(Debug)]
+pub struct SessionFactory {
+    base: SluiceSession,
+}
+
+impl SessionFactory {
+    /// Sessions forked from `base` (its tables, settings, runner and memory pool).
+    pub fn new(base: SluiceSession) -> Self {
+        Self { base }
+    }
+
+    /// A new session.
+    pub async fn open(&self) -> Result<SluiceSession> {
+        self.base.fork().await
+    }
+
+    /// The base session (tables registered at start).
+    pub fn base(&self) -> &SluiceSession {
+        &self.base
+    }
+}
+
+/// Which session a request belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SessionKey {
+    /// The shared session of requests without a token.
+    Anonymous,
+    /// A session opened by a handshake.
+    Opened(SessionId),
+}
+
+/// A session's number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "session {}", self.0)
+    }
+}
+
+struct Opened {
+    secret: String,
+    user: String,
+    session: Arc<SluiceSession>,
+}
+
+/// Every session of the server.
+pub struct Sessions {
+    factory: SessionFactory,
+    anonymous: Arc<SluiceSession>,
+    next: AtomicU64,
+    opened: Mutex<HashMap<SessionId, Opened>>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("opened", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sessions {
+    /// The sessions of a server whose clients fork `factory`'s base session.
+    pub async fn new(factory: SessionFactory) -> Result<Self> {
+        let anonymous = Arc::new(factory.open().await?);
+        Ok(Self {
+            factory,
+            anonymous,
+            next: AtomicU64::new(1),
+            opened: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Opens a session for `user` and returns its bearer token.
+    pub async fn open(&self, user: &str) -> Result<String> {
+        let session = Arc::new(self.factory.open().await?);
+        let id = SessionId(self.next.fetch_add(1, Ordering::Relaxed));
+        let secret = random_hex()?;
+        let token = format!("s{}.{secret}", id.0);
+        self.lock().insert(
+            id,
+            Opened {
+                secret,
+                user: user.to_string(),
+                session,
+            },
+        );
+        Ok(token)
+    }
+
+    /// The session `request` belongs to: its `authorization: Bearer` token's, else the anonymous
+    /// one. A token that names no session is `Unauthenticated`.
+    pub fn of_request<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<(SessionKey, Arc<SluiceSession>), Status> {
+        let Some(value) = request.metadata().get("authorization") else {
+            return Ok((SessionKey::Anonymous, self.anonymous.clone()));
+        };
+        let text = value
+            .to_str()
+            .map_err(|_| Status::unauthenticated("the authorization header is not text"))?;
+        let Some(token) = text.strip_prefix("Bearer ") else {
+            return Err(Status::unauthenticated(
+                "expected 'authorization: Bearer <token>' from the handshake",
+            ));
+        };
+        self.by_token(token.trim())
+            .ok_or_else(|| Status::unauthenticated("unknown or expired session token"))
+    }
+
+    fn by_token(&self, token: &str) -> Option<(SessionKey, Arc<SluiceSession>)> {
+        let (id, secret) = token.strip_prefix('s')?.split_once('.')?;
+        let id = SessionId(id.parse().ok()?);
+        let opened = self.lock();
+        let entry = opened.get(&id)?;
+        let same: bool = entry.secret.as_bytes().ct_eq(secret.as_bytes()).into();
+        same.then(|| (SessionKey::Opened(id), entry.session.clone()))
+    }
+
+    /// The user who opened session `id`.
+    pub fn user_of(&self, id: SessionId) -> Option<String> {
+        self.lock().get(&id).map(|opened| opened.user.clone())
+    }
+
+    /// Sessions opened by handshakes so far.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no handshake opened a session yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The base session the others fork.
+    pub fn base(&self) -> &SluiceSession {
+        self.factory.base()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Opened>> {
+        self.opened
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn random_hex() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| SluiceError::invalid(format!("cannot make a session token: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use sluice_engine::SluiceConfig;
+
+    use super::*;
+
+    async fn sessions() -> Sessions {
+        let base = SluiceSession::new(
+            &SluiceConfig::default(),
+            Arc::new(sluice_runtime::LocalRunner),
+        )
+        .unwrap();
+        Sessions::new(SessionFactory::new(base)).await.unwrap()
+    }
+
+    fn request(authorization: Option<&str>) -> Request<()> {
+        let mut request = Request::new(());
+        if let Some(value) = authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.parse().unwrap());
+        }
+        request
+    }
+
+    #[tokio::test]
+    async fn a_token_finds_its_own_session_and_settings_stay_in_it() {
+        let sessions = sessions().await;
+        let first = sessions.open("ann").await.unwrap();
+        let second = sessions.open("bob").await.unwrap();
+        let (key, one) = sessions
+            .of_request(&request(Some(&format!("Bearer {first}"))))
+            .unwrap();
+        assert_eq!(key, SessionKey::Opened(SessionId(1)));
+        assert_eq!(sessions.user_of(SessionId(1)).as_deref(), Some("ann"));
+        one.run_sql("set datafusion.execution.batch_size = 123")
+            .await
+            .unwrap();
+        let (_, two) = sessions
+            .of_request(&request(Some(&format!("Bearer {second}"))))
+            .unwrap();
+        let batch_size = |s: &SluiceSession| s.context().state().config().batch_size();
+        assert_eq!(batch_size(&one), 123);
+        assert_eq!(batch_size(&two), 8192);
+        let (key, anonymous) = sessions.of_request(&request(None)).unwrap();
+        assert_eq!(key, SessionKey::Anonymous);
+        assert_eq!(batch_size(&anonymous), 8192);
+    }
+
+    #[tokio::test]
+    async fn a_wrong_secret_or_a_bad_header_is_unauthenticated() {
+        let sessions = sessions().await;
+        let token = sessions.open("ann").await.unwrap();
+        let flipped = if token.ends_with('0') { '1' } else { '0' };
+        let forged = format!("Bearer {}{flipped}", &token[..token.len() - 1]);
+        for header in [forged.as_str(), "Bearer s1.00", "Bearer s9.00", "Basic abc"] {
+            let status = sessions.of_request(&request(Some(header))).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{header}");
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The Flight SQL endpoint through arrow-flight's own client: sessions, statements, metadata,
+//! prepared statements and mapped errors, over a real socket (in-process modes; the cluster and the
+//! Python clients are tested by the CLI's `clients` test).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::util::pretty::pretty_format_batches;
+use arrow_flight::FlightInfo;
+use arrow_flight::error::FlightError;
+use arrow_flight::sql::CommandGetTables;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use sluice_engine::catalog::table_at;
+use sluice_engine::{SluiceConfig, SluiceSession};
+use sluice_server::{FlightSqlEndpoint, FlightSqlOptions, SessionFactory, Sessions};
+use tonic::transport::Channel;
+
+struct Server {
+    endpoint: FlightSqlEndpoint,
+    _dir: tempfile::TempDir,
+}
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.csv");
+    std::fs::write(&path, "a,b\n1,x\n2,y\n3,z\n").unwrap();
+    let mut base = SluiceSession::new(
+        &SluiceConfig::default(),
+        Arc::new(sluice_runtime::LocalRunner),
+    )
+    .unwrap();
+    base.register_table(table_at("t", &path).unwrap())
+        .await
+        .unwrap();
+    let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await.unwrap());
+    let options = FlightSqlOptions {
+        listen: "127.0.0.1:0".into(),
+    };
+    let endpoint = FlightSqlEndpoint::start(sessions, &options).await.unwrap();
+    Server {
+        endpoint,
+        _dir: dir,
+    }
+}
+
+async fn client(server: &Server) -> FlightSqlServiceClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{}", server.endpoint.address()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    FlightSqlServiceClient::new(channel)
+}
+
+async fn fetch(client: &mut FlightSqlServiceClient<Channel>, info: FlightInfo) -> Vec<RecordBatch> {
+    let mut batches = Vec::new();
+    for endpoint in info.endpoint {
+        let ticket = endpoint.ticket.unwrap();
+        let stream = client.do_get(ticket).await.unwrap();
+        batches.extend(stream.try_collect::<Vec<_>>().await.unwrap());
+    }
+    batches
+}
+
+async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> String {
+    let info = client.execute(sql.to_string(), None).await.unwrap();
+    pretty_format_batches(&fetch(client, info).await)
+        .unwrap()
+        .to_string()
+}
+
+fn status_of(error: FlightError) -> tonic::Status {
+    match error {
+        FlightError::Tonic(status) => *status,
+        other => panic!("not a status: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_statement_returns_the_local_rows_and_schema() {
+    let server = server().await;
+    let mut client = client(&server).await;
+    client.handshake("ann", "").await.unwrap();
+    let info = client
+        .execute(
+            "select a, upper(b) as b from t order by a desc".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let announced = info.clone().try_decode_schema().unwrap();
+    let local = server
+        .endpoint
+        .sessions()
+        .base()
+        .run_sql("select a, upper(b) as b from t order by a desc")
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(&announced, local.schema.as_ref());
+    let batches = fetch(&mut client, info).await;
+    assert_eq!(
+        pretty_format_batches(&batches).unwrap().to_string(),
+        pretty_format_batches(&local.batches).unwrap().to_string()
+    );
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 3);
+    assert_eq!(server.endpoint.pending_statements(), 0);
+}
+
+#[tokio::test]
+async fn errors_carry_their_code_and_the_local_text() {
+    let server = server().await;
+    let mut client = client(&server).await;
+    let syntax = status_of(client.execute("selec 1".into(), None).await.unwrap_err());
+    assert_eq!(syntax.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        syntax.message(),
+        "SQL error: ParserError(\"Expected: an SQL statement, found: selec at Line: 1, Column: 1\")"
+    );
+    let unknown = status_of(
+        client
+            .execute("select * from nope".into(), None)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    assert_eq!(
+        unknown.message(),
+        "Error during planning: table 'datafusion.public.nope' not found"
+    );
+    let two = status_of(
+        client
+            .execute("select 1; select 2".into(), None)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(two.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        two.message(),
+        "one statement per Flight SQL request, got 2: send them one by one"
+    );
+}
+
+#[tokio::test]
+async fn sessions_keep_their_own_views_and_settings() {
+    let server = server().await;
+    let mut ann = client(&server).await;
+    ann.handshake("ann", "").await.unwrap();
+    let mut bob = client(&server).await;
+    bob.handshake("bob", "").await.unwrap();
+    let created = ann
+        .execute_update(
+            "create view big as select a from t where a > 1".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(created, 0);
+    assert_eq!(
+        query(&mut ann, "select count(*) as n from big").await,
+        "+---+\n| n |\n+---+\n| 2 |\n+---+"
+    );
+    let missing = status_of(
+        bob.execute("select * from big".into(), None)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(missing.code(), tonic::Code::NotFound, "{missing}");
+    assert_eq!(server.endpoint.sessions().len(), 2);
+    let mut forged = client(&server).await;
+    forged.set_token("s1.00000000000000000000000000000000".into());
+    let refused = status_of(forged.execute("select 1".into(), None).await.unwrap_err());
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn tables_are_listed_with_their_schemas() {
+    let server = server().await;
+    let mut client = client(&server).await;
+    let info = client
+        .get_tables(CommandGetTables {
+            catalog: None,
+            db_schema_filter_pattern: None,
+            table_name_filter_pattern: Some("t".into()),
+            table_types: vec![],
+            include_schema: true,
+        })
+        .await
+        .unwrap();
+    let batches = fetch(&mut client, info).await;
+    let text = pretty_format_batches(&batches).unwrap().to_string();
+    assert_eq!(
+        batches.iter().map(RecordBatch::num_rows).sum::<usize>(),
+        1,
+        "{text}"
+    );
+    assert!(
+        text.contains("| datafusion   | public         | t          | TABLE      |"),
+        "{text}"
+    );
+    let batch = &batches[0];
+    let schema_bytes = batch
+        .column_by_name("table_schema")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<arrow::array::BinaryArray>()
+        .unwrap()
+        .value(0)
+        .to_vec();
+    let schema = arrow::ipc::convert::try_schema_from_ipc_buffer(&schema_bytes).unwrap();
+    let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(schema.field(0).data_type(), &DataType::Int64);
+}
+
+#[tokio::test]
+async fn a_prepared_statement_runs_with_its_bound_parameters() {
+    let server = server().await;
+    let mut client = client(&server).await;
+    let mut prepared = client
+        .prepare("select b from t where a = $1".into(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        prepared.parameter_schema().unwrap().field(0).data_type(),
+        &DataType::Int64
+    );
+    for (value, expected) in [(2, "y"), (3, "z")] {
+        let parameters = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("$1", DataType::Int64, true)])),
+            vec![Arc::new(Int64Array::from(vec![value]))],
+        )
+        .unwrap();
+        prepared.set_parameters(parameters).unwrap();
+        let info = prepared.execute().await.unwrap();
+        let text = pretty_format_batches(&fetch(&mut client, info).await)
+            .unwrap()
+            .to_string();
+        assert_eq!(text, format!("+---+\n| b |\n+---+\n| {expected} |\n+---+"));
+    }
+    prepared.close().await.unwrap();
+}
