@@ -164,7 +164,7 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("26 passed"), "{stdout}");
+    assert!(summary.starts_with("28 passed"), "{stdout}");
     let stopping = cluster.stop();
     assert!(
         stopping.iter().any(|line| line == "sluice server: stopped"),

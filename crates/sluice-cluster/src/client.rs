@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use sluice_planner::{AttemptKey, JobId};
 use sluice_runtime::TaskDefinition;
+use sluice_runtime::runner::WorkerState;
 use sluice_runtime::error::{ErrorKind, RemoteError};
 use sluice_runtime::transport::{RunTaskError, WorkerClient};
 
@@ -46,6 +47,32 @@ fn answered(status: &tonic::Status) -> bool {
             | tonic::Code::Cancelled
             | tonic::Code::Unknown
     )
+}
+
+impl GrpcWorkerClient {
+    /// What the worker holds now.
+    pub async fn state(&self) -> Result<WorkerState> {
+        let mut client = self.client.clone();
+        let state = client
+            .get_state(proto::GetStateRequest {})
+            .await
+            .map_err(|status| {
+                RemoteError::new(
+                    ErrorKind::Transport,
+                    format!("GetState of {}: {}", self.address, status.message()),
+                )
+                .to_error()
+            })?
+            .into_inner();
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        Ok(WorkerState {
+            address: self.address.clone(),
+            running_tasks: count(state.running_tasks),
+            live_attempts: count(state.live_attempts),
+            stream_outputs: count(state.stream_outputs),
+            memory_used: count(state.memory_used),
+        })
+    }
 }
 
 impl WorkerClient for GrpcWorkerClient {

@@ -20,6 +20,7 @@ use datafusion::common::runtime::SpawnedTask;
 use sluice_planner::WorkerId;
 use sluice_runtime::driver::{DriverHandle, ExecutorEndpoint, Liveness, WorkerRegistration};
 use sluice_runtime::transport::InProcessClient;
+use sluice_runtime::runner::{ClusterState, WorkerState};
 use sluice_runtime::{Driver, DriverOptions, Worker, WorkerOptions};
 
 use tonic::{Request, Response, Status};
@@ -116,6 +117,17 @@ impl ClusterDriver {
     /// The driver's own executor.
     pub fn executor(&self) -> &Worker {
         &self.executor
+    }
+
+    /// The driver's view and each worker's own (asked over gRPC, carrying `link`'s secret); the
+    /// driver's in-process executor (driver-placed tasks) comes first, as worker `driver`.
+    pub async fn state(&self, link: &ClusterLink) -> Result<ClusterState> {
+        let driver = self.driver().snapshot().await?;
+        let mut workers = vec![WorkerState::of("driver", self.executor())];
+        for address in &driver.worker_addresses {
+            workers.push(GrpcWorkerClient::new(address, link)?.state().await?);
+        }
+        Ok(ClusterState { driver, workers })
     }
 }
 

@@ -11,6 +11,7 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode};
+use sluice_runtime::runner::ClusterState;
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 use std::sync::Arc;
 
@@ -164,6 +165,11 @@ impl LocalCluster {
             worker_outputs: counts.iter().map(|(_, s)| s.outputs).collect(),
             worker_live_attempts: workers.iter().map(|w| w.live_attempts()).collect(),
         })
+    }
+
+    /// What the driver and every worker hold now (over the same gRPC path as a process cluster).
+    pub async fn state(&self) -> Result<ClusterState> {
+        self.driver.state(&self.link).await
     }
 
     /// The progress of every running job.

@@ -22,6 +22,7 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode, WorkerId};
+use sluice_runtime::runner::ClusterState;
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 
 use crate::auth::{ClusterLink, ClusterSecret, ClusterTls};
@@ -111,6 +112,8 @@ impl Drop for Spawned {
 /// The driver and its worker processes; see the module docs.
 pub struct ProcessCluster {
     driver: ClusterDriver,
+    /// How the driver reaches the workers (secret, TLS).
+    link: ClusterLink,
     spawned: Vec<Spawned>,
     /// The spawned workers' work directory; dropped after them (fields drop in order).
     _work_dir: WorkDir,
@@ -188,6 +191,7 @@ impl ProcessCluster {
             .collect::<Result<Vec<_>>>()?;
         let mut cluster = Self {
             driver,
+            link: link.clone(),
             spawned,
             _work_dir: work_dir,
         };
@@ -236,6 +240,11 @@ impl ProcessCluster {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// What the driver and every worker hold now.
+    pub async fn state(&self) -> Result<ClusterState> {
+        self.driver.state(&self.link).await
     }
 
     /// The driver's address (where external workers join).

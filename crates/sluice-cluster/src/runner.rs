@@ -10,7 +10,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use futures::future::BoxFuture;
 use sluice_planner::{JobGraph, OutputMode};
 use sluice_runtime::DriverHandle;
-use sluice_runtime::runner::{DriverBackend, DriverRunner};
+use sluice_runtime::runner::{ClusterState, DriverBackend, DriverRunner};
 
 use crate::local_cluster::{ClusterOptions, LocalCluster};
 use crate::process_cluster::{ProcessCluster, ProcessClusterOptions};
@@ -33,6 +33,10 @@ impl DriverBackend for LocalCluster {
 
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
         LocalCluster::execute(self, graph, context)
+    }
+
+    fn state(&self) -> BoxFuture<'_, Result<ClusterState>> {
+        Box::pin(LocalCluster::state(self))
     }
 
     fn endpoints(&self) -> Vec<String> {
@@ -61,6 +65,10 @@ impl DriverBackend for ProcessCluster {
 
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
         ProcessCluster::execute(self, graph, context)
+    }
+
+    fn state(&self) -> BoxFuture<'_, Result<ClusterState>> {
+        Box::pin(ProcessCluster::state(self))
     }
 
     fn endpoints(&self) -> Vec<String> {

@@ -347,4 +347,17 @@ impl WorkerService for WorkerEndpoint {
         self.worker.clean_up_job(job).map_err(|e| to_status(&e))?;
         Ok(Response::new(proto::CleanUpJobResponse {}))
     }
+
+    async fn get_state(
+        &self,
+        _request: Request<proto::GetStateRequest>,
+    ) -> Result<Response<proto::GetStateResponse>, Status> {
+        let (running, store) = self.worker.counts();
+        Ok(Response::new(proto::GetStateResponse {
+            running_tasks: running as u64,
+            live_attempts: self.worker.live_attempts() as u64,
+            stream_outputs: store.outputs as u64,
+            memory_used: self.worker.memory_used() as u64,
+        }))
+    }
 }

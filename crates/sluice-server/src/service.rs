@@ -51,6 +51,9 @@ use crate::status::{status_of, status_of_datafusion};
 
 type DoGetStream = <SluiceFlightSql as FlightService>::DoGetStream;
 
+/// The action that returns [`SluiceFlightSql::state_json`].
+pub const STATE_ACTION: &str = "sluice.state";
+
 /// The Flight SQL service of `sluice server`.
 pub struct SluiceFlightSql {
     sessions: Arc<Sessions>,
@@ -77,6 +80,50 @@ impl SluiceFlightSql {
             sql_info: metadata::sql_info()?,
             xdbc_info: metadata::xdbc_type_info()?,
         })
+    }
+
+    /// The server's state as JSON (the `sluice.state` action): what a client or test checks to see
+    /// that nothing is left running or held after its queries.
+    pub async fn state_json(&self) -> Result<String, Status> {
+        let cluster = self
+            .sessions
+            .base()
+            .runner()
+            .cluster_state()
+            .await
+            .map_err(status_of_datafusion)?;
+        let (driver, workers) = match cluster {
+            Some(state) => (
+                serde_json::json!({
+                    "jobs": state.driver.jobs,
+                    "running_tasks": state.driver.running_tasks,
+                    "workers": state.driver.workers,
+                    "waiting_regions": state.driver.waiting_regions,
+                }),
+                state
+                    .workers
+                    .iter()
+                    .map(|w| {
+                        serde_json::json!({
+                            "address": w.address,
+                            "running_tasks": w.running_tasks,
+                            "live_attempts": w.live_attempts,
+                            "stream_outputs": w.stream_outputs,
+                            "memory_used": w.memory_used,
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            None => (serde_json::Value::Null, Vec::new()),
+        };
+        Ok(serde_json::json!({
+            "mode": self.sessions.base().runner().mode_name(),
+            "sessions": self.sessions.len(),
+            "pending_statements": self.queries.pending_count(),
+            "driver": driver,
+            "workers": workers,
+        })
+        .to_string())
     }
 
     /// Files the statement `planned` plans; the FlightInfo's ticket fetches it.
@@ -508,6 +555,34 @@ impl FlightSqlService for SluiceFlightSql {
             .build()
             .map_err(|e| Status::internal(format!("XdbcTypeInfo: {e}")))?;
         Ok(Response::new(encode_batch(batch)))
+    }
+
+    async fn do_action_fallback(
+        &self,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
+        self.sessions.of_request(&request)?;
+        let kind = request.get_ref().r#type.clone();
+        if kind != STATE_ACTION {
+            return Err(Status::invalid_argument(format!(
+                "unknown action '{kind}' (this server's own: '{STATE_ACTION}')"
+            )));
+        }
+        let body = self.state_json().await?;
+        let result = arrow_flight::Result {
+            body: body.into_bytes().into(),
+        };
+        Ok(Response::new(Box::pin(stream::once(async move { Ok(result) }))))
+    }
+
+    async fn list_custom_actions(&self) -> Option<Vec<Result<arrow_flight::ActionType, Status>>> {
+        Some(vec![Ok(arrow_flight::ActionType {
+            r#type: STATE_ACTION.to_string(),
+            description: "the server's state as JSON: sessions, statements waiting for their \
+                          DoGet, the driver's jobs and tasks, and per worker its running tasks, \
+                          stream outputs and memory in use"
+                .to_string(),
+        })])
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

@@ -6,23 +6,58 @@ SLUICE_TPCH_QUERIES is a directory of qNN.sql files, one statement per line grou
 lines holding only ';'.
 """
 
+import concurrent.futures
+import json
 import os
 import pathlib
+import threading
+import time
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
+import pyarrow.flight
 import pytest
 
 QUERIES = pathlib.Path(os.environ["SLUICE_TPCH_QUERIES"])
+
+
+CLUSTER_URL = os.environ["SLUICE_FLIGHT_SQL"]
 
 
 def connect(url):
     return flight_sql.connect(url, autocommit=True)
 
 
+def server_state(url=CLUSTER_URL):
+    """The server's `sluice.state` action: sessions, statements, the driver's jobs, each worker."""
+    client = pyarrow.flight.FlightClient(url)
+    try:
+        [result] = list(client.do_action(pyarrow.flight.Action("sluice.state", b"")))
+        return json.loads(result.body.to_pybytes())
+    finally:
+        client.close()
+
+
+def tasks_running(state):
+    return state["driver"]["running_tasks"] + sum(
+        w["running_tasks"] + w["live_attempts"] for w in state["workers"]
+    )
+
+
+def wait_until(condition, seconds, what):
+    """Polls the server state until `condition(state)`; returns the seconds it took."""
+    start = time.monotonic()
+    while True:
+        state = server_state()
+        if condition(state):
+            return time.monotonic() - start
+        assert time.monotonic() - start < seconds, f"{what} after {seconds} s: {state}"
+        time.sleep(0.02)
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    with connect(os.environ["SLUICE_FLIGHT_SQL"]) as conn:
+    with connect(CLUSTER_URL) as conn:
         yield conn
 
 
@@ -112,3 +147,62 @@ def test_an_unknown_table_is_not_found(cluster):
     error = error_of(cluster, "select * from no_such_table")
     assert error.status_code == adbc_driver_manager.AdbcStatusCode.NOT_FOUND
     assert "table 'datafusion.public.no_such_table' not found" in str(error)
+
+
+# Minutes of work in many short steps: 5 billion rows through a shuffle into a distinct count (a
+# nested-loop join would not do: DataFusion checks for cancellation between its batches, and one
+# batch of a non-matching join filter can take seconds).
+LONG_QUERY = "select count(distinct value % 1000003) from generate_series(1, 5000000000)"
+
+
+def test_cancelling_a_long_query_stops_every_worker_task_within_a_second():
+    assert server_state()["mode"] == "cluster"
+    with connect(CLUSTER_URL) as conn:
+        cur = conn.cursor()
+        failures = []
+
+        def run():
+            try:
+                cur.execute(LONG_QUERY)
+                cur.fetchall()
+            except adbc_driver_manager.Error as error:
+                failures.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_until(lambda s: sum(w["running_tasks"] for w in s["workers"][1:]) > 0, 30, "no worker task ran")
+        cur.adbc_cancel()
+        took = wait_until(lambda s: tasks_running(s) == 0 and s["driver"]["jobs"] == 0, 1.0, "tasks still ran")
+        thread.join(10)
+        assert not thread.is_alive()
+        assert len(failures) == 1, failures
+        assert failures[0].status_code == adbc_driver_manager.AdbcStatusCode.CANCELLED, failures[0]
+        cur.close()
+    print(f"idle {took:.3f} s after the cancel")
+
+
+def test_fifty_concurrent_clients_get_the_local_answers_and_leave_nothing_behind(local):
+    numbers = [n for n in range(1, 23) if n != 15]  # q15 creates a view: one at a time
+    expected = {n: run(local, statements_of(n)) for n in numbers}
+
+    def client(index):
+        with connect(CLUSTER_URL) as conn:
+            wrong = []
+            for k in range(10):
+                number = numbers[(index * 10 + k) % len(numbers)]
+                if not run(conn, statements_of(number)).equals(expected[number]):
+                    wrong.append(number)
+            return wrong
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
+        results = list(pool.map(client, range(50)))
+    assert [r for r in results if r] == []
+    # Cleanup after a job ends is asynchronous (stream releases, CleanUpJob): give it a moment.
+    wait_until(
+        lambda s: s["driver"]["jobs"] == 0
+        and tasks_running(s) == 0
+        and s["pending_statements"] == 0
+        and all(w["stream_outputs"] == 0 and w["memory_used"] == 0 for w in s["workers"]),
+        5.0,
+        "the server still holds work",
+    )

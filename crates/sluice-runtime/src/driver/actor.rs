@@ -207,6 +207,11 @@ impl DriverActor {
                     running_tasks: self.running.len(),
                     workers: self.workers.len(),
                     busy_slots: self.workers.values().map(|w| w.busy).collect(),
+                    worker_addresses: self
+                        .workers
+                        .values()
+                        .map(|w| w.registration.address.clone())
+                        .collect(),
                     waiting_regions: self.waiting.len(),
                     counters: self.counters,
                 });

@@ -114,6 +114,8 @@ pub struct DriverSnapshot {
     pub workers: usize,
     /// Per worker, its task slots in use.
     pub busy_slots: Vec<usize>,
+    /// Per worker (the order of `busy_slots`), the address it registered.
+    pub worker_addresses: Vec<String>,
     /// Regions waiting for slots.
     pub waiting_regions: usize,
     /// What the jobs did so far (retries, spilled and shuffled bytes).

@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use sluice_planner::{JobGraph, JobGraphOptions, OutputMode};
 use tokio::sync::OnceCell;
 
-use super::{JobRunner, lazy_stream};
+use super::{ClusterState, JobRunner, lazy_stream};
 use crate::codec::distributed_graph_options_with;
 use crate::driver::DriverHandle;
 
@@ -40,6 +40,8 @@ pub trait DriverBackend: Send + Sync + 'static {
     fn handle(&self) -> &DriverHandle;
     /// Runs `graph`; the stream is lazy and cancels the job when dropped.
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream;
+    /// What the driver and its workers hold now.
+    fn state(&self) -> BoxFuture<'_, Result<ClusterState>>;
     /// Lines naming where it listens (the driver's address), for a server to print at start.
     fn endpoints(&self) -> Vec<String> {
         Vec::new()
@@ -120,6 +122,16 @@ impl<B: DriverBackend> JobRunner for DriverRunner<B> {
 
     fn driver(&self) -> Option<DriverHandle> {
         self.backend.get().map(|backend| backend.handle().clone())
+    }
+
+    fn cluster_state(&self) -> BoxFuture<'static, Result<Option<ClusterState>>> {
+        let runner = self.clone();
+        Box::pin(async move {
+            match runner.backend.get() {
+                Some(backend) => Ok(Some(backend.state().await?)),
+                None => Ok(None),
+            }
+        })
     }
 
     fn start_now(&self) -> BoxFuture<'static, Result<Vec<String>>> {

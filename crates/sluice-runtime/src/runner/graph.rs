@@ -18,6 +18,7 @@ use futures::future::BoxFuture;
 use sluice_planner::{JobGraph, OutputMode, WorkerId};
 
 use super::driven::{DriverBackend, DriverRunner};
+use super::state::{ClusterState, WorkerState};
 use crate::driver::{
     Driver, DriverHandle, DriverOptions, DriverSnapshot, ExecutorEndpoint, Liveness,
     WorkerRegistration,
@@ -138,6 +139,18 @@ impl DriverBackend for LocalGraph {
 
     fn execute(&self, graph: JobGraph, context: Arc<TaskContext>) -> SendableRecordBatchStream {
         self.driver.execute(graph, context)
+    }
+
+    fn state(&self) -> BoxFuture<'_, Result<ClusterState>> {
+        Box::pin(async move {
+            Ok(ClusterState {
+                driver: self.driver.snapshot().await?,
+                workers: vec![
+                    WorkerState::of("driver", &self.executor),
+                    WorkerState::of("worker", &self.worker),
+                ],
+            })
+        })
     }
 }
 

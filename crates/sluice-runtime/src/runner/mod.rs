@@ -16,6 +16,7 @@
 mod driven;
 mod graph;
 mod local;
+mod state;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -35,6 +36,7 @@ use crate::driver::{DriverCounters, DriverHandle, progress_line};
 pub use driven::{DriverBackend, DriverRunner};
 pub use graph::{LocalGraph, LocalGraphOptions, LocalGraphRunner};
 pub use local::{LocalRunner, spawn_stream};
+pub use state::{ClusterState, WorkerState};
 
 /// Executes a physical plan as a job and streams its output.
 pub trait JobRunner: Debug + Send + Sync {
@@ -59,6 +61,12 @@ pub trait JobRunner: Debug + Send + Sync {
     /// in-process modes).
     fn start_now(&self) -> BoxFuture<'static, Result<Vec<String>>> {
         Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// What the cluster holds now (jobs, tasks, stream outputs, memory per worker), once it
+    /// started; `None` for modes without a driver or before the first query.
+    fn cluster_state(&self) -> BoxFuture<'static, Result<Option<ClusterState>>> {
+        Box::pin(async { Ok(None) })
     }
 
     /// The driver that runs this runner's jobs, once it started; `None` for modes without one.

@@ -1,0 +1,66 @@
+//! [`ClusterState`]: what a running cluster holds right now — the driver's jobs and slots, and per
+//! worker its running attempts, stream-store outputs and memory in use — read on demand for
+//! servers, tests and (later) the REST API.
+//!
+//! Invariant: a cluster with no job, no task, no stream output and no memory reserved on any worker
+//! is idle ([`ClusterState::is_idle`]); every job leaves the cluster idle once it ended.
+
+use crate::driver::DriverSnapshot;
+use crate::worker::Worker;
+
+/// One worker as it reports itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerState {
+    /// Where it serves.
+    pub address: String,
+    /// Task attempts running (neither finished nor stopped).
+    pub running_tasks: usize,
+    /// Attempt futures still alive (running, or stopped and not yet unwound).
+    pub live_attempts: usize,
+    /// Task outputs its stream store holds.
+    pub stream_outputs: usize,
+    /// Bytes its memory pool has handed out.
+    pub memory_used: usize,
+}
+
+impl WorkerState {
+    /// `worker`'s state as read in its own process.
+    pub fn of(address: impl Into<String>, worker: &Worker) -> Self {
+        let (running_tasks, store) = worker.counts();
+        Self {
+            address: address.into(),
+            running_tasks,
+            live_attempts: worker.live_attempts(),
+            stream_outputs: store.outputs,
+            memory_used: worker.memory_used(),
+        }
+    }
+}
+
+/// The driver and every worker, read at one moment (each part read separately).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterState {
+    /// The driver's view.
+    pub driver: DriverSnapshot,
+    /// Each registered worker's own view.
+    pub workers: Vec<WorkerState>,
+}
+
+impl ClusterState {
+    /// Nothing runs, no output is held, no memory is reserved.
+    pub fn is_idle(&self) -> bool {
+        self.driver.jobs == 0
+            && self.driver.running_tasks == 0
+            && self.workers.iter().all(|w| {
+                w.running_tasks == 0
+                    && w.live_attempts == 0
+                    && w.stream_outputs == 0
+                    && w.memory_used == 0
+            })
+    }
+
+    /// Task attempts running on the workers.
+    pub fn worker_tasks(&self) -> usize {
+        self.workers.iter().map(|w| w.running_tasks).sum()
+    }
+}
