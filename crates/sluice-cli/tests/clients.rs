@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
 
-use common::{sluice, tpch_dir};
+use common::{Server, sluice, tpch_dir};
 
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
@@ -57,72 +54,6 @@ fn python() -> PathBuf {
     );
     std::fs::write(&marker, requirements).unwrap();
     python
-}
-
-/// A running `sluice server`; dropping it sends SIGTERM and waits for it to stop.
-struct Server {
-    child: Child,
-    url: String,
-    /// What it printed up to its Flight SQL line (included).
-    started: Vec<String>,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Server {
-    // The child is waited for by `stop` or `Drop`.
-    #[allow(clippy::zombie_processes)]
-    fn start(flags: &[&str], data: &Path) -> Server {
-        let mut child = sluice()
-            .args(flags)
-            .args(["server", "--flight-sql-listen", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = send.send(line);
-            }
-        });
-        let mut seen = Vec::new();
-        loop {
-            let line = lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("no Flight SQL line from the server; it said {seen:?}"));
-            seen.push(line.clone());
-            if let Some(rest) = line.strip_prefix("sluice server: Flight SQL on ") {
-                let url = rest.split_whitespace().next().unwrap().to_string();
-                return Server {
-                    child,
-                    url,
-                    started: seen,
-                    lines,
-                };
-            }
-        }
-    }
-
-    /// SIGTERM, then the lines it printed while stopping.
-    fn stop(mut self) -> Vec<String> {
-        let pid = self.child.id().to_string();
-        let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(killed.success());
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "the server exited with {status}");
-        self.lines.try_iter().collect()
-    }
-}
-
-impl Drop for Server {
-    /// A test that fails leaves no server (or its workers) behind.
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Each TPC-H query as `qNN.sql` (`sluice tpch queries`).

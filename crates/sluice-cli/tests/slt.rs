@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -127,6 +129,20 @@ fn shared_slt_files_pass_the_same_records_on_3_worker_processes() {
 #[test]
 fn shared_slt_files_pass_the_same_records_on_worker_processes_with_blocking_exchanges() {
     assert_same_as_local("cluster", &["--workers", "2", "--exchange", "blocking"]);
+}
+
+#[test]
+fn shared_slt_files_pass_the_same_records_through_a_server_of_2_worker_processes() {
+    // The server's working directory is where the files' relative paths (scratch output) land.
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start_in(&["--workers", "2"], None, Some(dir.path()));
+    let url = server.url.clone();
+    assert_same_as_local("local", &["--connect", &url]);
+    let stopping = server.stop();
+    assert_eq!(
+        stopping.last().map(String::as_str),
+        Some("sluice server: stopped")
+    );
 }
 
 /// Runs `sluice slt` on one file named `name` holding `text`; expects failure, returns stdout.

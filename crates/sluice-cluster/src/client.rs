@@ -8,8 +8,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use sluice_planner::{AttemptKey, JobId};
 use sluice_runtime::TaskDefinition;
-use sluice_runtime::runner::WorkerState;
 use sluice_runtime::error::{ErrorKind, RemoteError};
+use sluice_runtime::runner::WorkerState;
 use sluice_runtime::transport::{RunTaskError, WorkerClient};
 
 use crate::auth::{ClusterLink, SecretChannel, connect_lazy};

@@ -19,8 +19,8 @@ use datafusion::common::Result;
 use datafusion::common::runtime::SpawnedTask;
 use sluice_planner::WorkerId;
 use sluice_runtime::driver::{DriverHandle, ExecutorEndpoint, Liveness, WorkerRegistration};
-use sluice_runtime::transport::InProcessClient;
 use sluice_runtime::runner::{ClusterState, WorkerState};
+use sluice_runtime::transport::InProcessClient;
 use sluice_runtime::{Driver, DriverOptions, Worker, WorkerOptions};
 
 use tonic::{Request, Response, Status};

@@ -17,6 +17,7 @@
 //! - Errors are mapped to gRPC codes in one place ([`status::status_of`]) with the text local mode
 //!   prints.
 
+pub mod client;
 pub mod metadata;
 pub mod queries;
 pub mod server;
@@ -24,5 +25,6 @@ pub mod service;
 pub mod sessions;
 pub mod status;
 
+pub use client::{RemoteOutput, RemoteSession};
 pub use server::{FlightSqlEndpoint, FlightSqlOptions};
 pub use sessions::{SessionFactory, Sessions};

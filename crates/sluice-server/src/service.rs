@@ -572,7 +572,9 @@ impl FlightSqlService for SluiceFlightSql {
         let result = arrow_flight::Result {
             body: body.into_bytes().into(),
         };
-        Ok(Response::new(Box::pin(stream::once(async move { Ok(result) }))))
+        Ok(Response::new(Box::pin(stream::once(
+            async move { Ok(result) },
+        ))))
     }
 
     async fn list_custom_actions(&self) -> Option<Vec<Result<arrow_flight::ActionType, Status>>> {

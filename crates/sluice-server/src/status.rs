@@ -1,7 +1,9 @@
 //! The one mapping from Sluice's errors to gRPC status codes, used by every front-door call.
 //!
-//! The message is the error's `Display`, the line `sluice sql` prints after `error: `, so a client
-//! reads the same text in every front end. The code says what kind of failure it was:
+//! The message is the text local mode gives: the error's `Display` (the line `sluice sql` prints after
+//! `error: `), except that a DataFusion error keeps its own line breaks ("type_coercion\ncaused by\n…"),
+//! as a local session (and the SQL logic tests' expected errors) sees it. The code says what kind of
+//! failure it was:
 //!
 //! | failure                                   | code                |
 //! |-------------------------------------------|---------------------|
@@ -17,7 +19,11 @@ use tonic::{Code, Status};
 
 /// The status a client gets for `error`.
 pub fn status_of(error: &SluiceError) -> Status {
-    Status::new(code_of(error), error.to_string())
+    let message = match error {
+        SluiceError::DataFusion(error) => error.strip_backtrace(),
+        other => other.to_string(),
+    };
+    Status::new(code_of(error), message)
 }
 
 /// The status for a DataFusion error raised while a result streams.
@@ -98,6 +104,19 @@ mod tests {
     async fn an_unknown_column_is_an_invalid_argument() {
         let status = error_of("select nope").await;
         assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    }
+
+    #[tokio::test]
+    async fn a_multi_line_datafusion_error_keeps_its_lines() {
+        let status = error_of("select x from (select 1 as a)").await;
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .starts_with("Schema error: No field named x.\nValid fields are"),
+            "{}",
+            status.message()
+        );
     }
 
     #[test]

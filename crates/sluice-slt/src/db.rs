@@ -13,6 +13,7 @@ use datafusion::error::DataFusionError;
 use sluice_engine::session::collect_stream;
 use sluice_engine::{SluiceConfig, SluiceError, SluiceSession};
 use sluice_runtime::JobRunner;
+use sluice_server::RemoteSession;
 use sqllogictest::{AsyncDB, DBOutput};
 
 use crate::format::{SltColumnType, batch_rows, column_types};
@@ -29,6 +30,10 @@ pub enum SltError {
     /// Anything else.
     #[error("Other Error: {0}")]
     Other(String),
+    /// Raised by a remote server: its message is the text local mode gives, so it reads as
+    /// DataFusion's runner words it.
+    #[error("DataFusion error: {0}")]
+    Remote(String),
 }
 
 impl From<SluiceError> for SltError {
@@ -44,10 +49,19 @@ impl From<SluiceError> for SltError {
 /// What DataFusion's files print in place of the directory its runner works in.
 const WORKING_DIR_ALIAS: &str = "WORKSPACE_ROOT/datafusion/sqllogictest";
 
-/// A sqllogictest connection backed by a Sluice session.
+/// Where a connection's statements run.
+#[derive(Debug)]
+enum Backend {
+    /// A session in this process, through its job runner.
+    Local(SluiceSession),
+    /// A session on a `sluice server` (`--connect`).
+    Remote(RemoteSession),
+}
+
+/// A sqllogictest connection backed by a Sluice session, here or on a server.
 #[derive(Debug)]
 pub struct SltDb {
-    session: SluiceSession,
+    backend: Backend,
     /// The working directory as it appears in file paths of results (object-store style, no leading
     /// `/`), replaced by [`WORKING_DIR_ALIAS`] so that expected paths match.
     working_dir: Option<String>,
@@ -56,14 +70,42 @@ pub struct SltDb {
 impl SltDb {
     /// A fresh session with `config`, running queries through `runner`.
     pub fn new(config: &SluiceConfig, runner: Arc<dyn JobRunner>) -> Result<Self, SltError> {
-        let working_dir = std::env::current_dir()
-            .ok()
-            .map(|dir| dir.to_string_lossy().trim_start_matches('/').to_string())
-            .filter(|dir| !dir.is_empty());
         Ok(Self {
-            session: SluiceSession::new(config, runner)?,
-            working_dir,
+            backend: Backend::Local(SluiceSession::new(config, runner)?),
+            working_dir: working_dir(),
         })
+    }
+
+    /// A fresh session on the server at `url`, with `config`'s settings replayed as `SET`s (those
+    /// not at their defaults), so the files see what a local session would.
+    pub async fn connect(url: &str, config: &SluiceConfig) -> Result<Self, SltError> {
+        let remote_error = |status: tonic::Status| SltError::Other(status.message().to_string());
+        let mut session = RemoteSession::connect(url).await.map_err(remote_error)?;
+        for (key, value) in &config.session {
+            if value.source != "default" {
+                let text = value.value.replace('\'', "''");
+                session
+                    .execute(&format!("SET {key} = '{text}'"))
+                    .await
+                    .map_err(remote_error)?;
+            }
+        }
+        Ok(Self {
+            backend: Backend::Remote(session),
+            working_dir: working_dir(),
+        })
+    }
+
+    /// Runs `sql` on the server: one statement, its announced schema's column types.
+    async fn run_remote(
+        session: &mut RemoteSession,
+        sql: &str,
+    ) -> Result<(Vec<SltColumnType>, Vec<arrow::array::RecordBatch>), SltError> {
+        let output = session
+            .execute(sql)
+            .await
+            .map_err(|status| SltError::Remote(status.message().to_string()))?;
+        Ok((column_types(output.schema.fields()), output.batches))
     }
 
     fn normalize_paths(&self, rows: &mut [Vec<String>]) {
@@ -78,13 +120,45 @@ impl SltDb {
     }
 }
 
+impl SltDb {
+    /// A statement's result as the runner compares it.
+    fn output(
+        &self,
+        types: Vec<SltColumnType>,
+        batches: &[arrow::array::RecordBatch],
+    ) -> Result<DBOutput<SltColumnType>, SltError> {
+        let mut rows = batch_rows(batches)?;
+        self.normalize_paths(&mut rows);
+        if rows.is_empty() && types.is_empty() {
+            Ok(DBOutput::StatementComplete(0))
+        } else {
+            Ok(DBOutput::Rows { types, rows })
+        }
+    }
+}
+
+/// The working directory as result paths show it (object-store style, no leading `/`).
+fn working_dir() -> Option<String> {
+    std::env::current_dir()
+        .ok()
+        .map(|dir| dir.to_string_lossy().trim_start_matches('/').to_string())
+        .filter(|dir| !dir.is_empty())
+}
+
 #[async_trait]
 impl AsyncDB for SltDb {
     type Error = SltError;
     type ColumnType = SltColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<SltColumnType>, SltError> {
-        let mut statements = self.session.parse_sql(sql)?;
+        let session = match &mut self.backend {
+            Backend::Local(session) => session,
+            Backend::Remote(remote) => {
+                let (types, batches) = Self::run_remote(remote, sql).await?;
+                return self.output(types, &batches);
+            }
+        };
+        let mut statements = session.parse_sql(sql)?;
         // Like DataFusion's `SessionContext::sql`: exactly one statement per record.
         let statement = match (statements.pop(), statements.is_empty()) {
             (Some(statement), true) => statement,
@@ -99,16 +173,10 @@ impl AsyncDB for SltDb {
                 )));
             }
         };
-        let stream = self.session.execute_statement(statement).await?;
+        let stream = session.execute_statement(statement).await?;
         let types = column_types(stream.schema().fields());
         let output = collect_stream(stream).await?;
-        let mut rows = batch_rows(&output.batches)?;
-        self.normalize_paths(&mut rows);
-        if rows.is_empty() && types.is_empty() {
-            Ok(DBOutput::StatementComplete(0))
-        } else {
-            Ok(DBOutput::Rows { types, rows })
-        }
+        self.output(types, &output.batches)
     }
 
     async fn shutdown(&mut self) {}

@@ -15,7 +15,7 @@ pub mod run;
 use sluice_engine::config::ConfigLayer;
 use sluice_engine::{Result, SluiceConfig};
 
-pub use run::{FileReport, RunnerFactory, SltEvent, SltFailure, SltOptions, run_file};
+pub use run::{FileReport, RunnerFactory, SltEvent, SltFailure, SltOptions, SltTarget, run_file};
 
 /// The settings DataFusion's runner uses: four target partitions (so that results do not depend on the
 /// machine) and DataFusion's defaults otherwise, with the user's own settings on top.

@@ -144,11 +144,20 @@ fn failed_file(path: &Path, message: String, start: Instant) -> FileReport {
 /// Builds the job runner of each fresh session (the front end's choice of mode).
 pub type RunnerFactory = dyn Fn(&SluiceConfig) -> Arc<dyn JobRunner> + Send + Sync;
 
-/// Runs one file with a fresh session of `config`, whose runner `runners` builds.
+/// Where each file's fresh session lives.
+#[derive(Clone)]
+pub enum SltTarget {
+    /// In this process, with the runner the factory builds (the front end's mode).
+    Local(Arc<RunnerFactory>),
+    /// On the `sluice server` at this `grpc://` address.
+    Remote(String),
+}
+
+/// Runs one file with a fresh session of `config` at `target`.
 pub async fn run_file(
     path: &Path,
     config: &SluiceConfig,
-    runners: &Arc<RunnerFactory>,
+    target: &SltTarget,
     options: SltOptions,
     progress: &mut (dyn FnMut(SltEvent) + Send),
 ) -> FileReport {
@@ -173,11 +182,16 @@ pub async fn run_file(
     progress(SltEvent::Started { records: countable });
 
     let connection_config = config.clone();
-    let runners = Arc::clone(runners);
+    let target = target.clone();
     let mut runner = Runner::new(move || {
         let config = connection_config.clone();
-        let job_runner = runners(&config);
-        async move { SltDb::new(&config, job_runner) }
+        let target = target.clone();
+        async move {
+            match target {
+                SltTarget::Local(runners) => SltDb::new(&config, runners(&config)),
+                SltTarget::Remote(url) => SltDb::connect(&url, &config).await,
+            }
+        }
     });
     runner.add_label(LABEL);
     runner.with_column_validator(strict_column_validator);
@@ -258,8 +272,10 @@ mod tests {
         crate::slt_config(&SluiceConfig::default()).unwrap()
     }
 
-    fn local() -> Arc<RunnerFactory> {
-        Arc::new(|_: &SluiceConfig| Arc::new(sluice_runtime::LocalRunner) as Arc<dyn JobRunner>)
+    fn local() -> SltTarget {
+        SltTarget::Local(Arc::new(|_: &SluiceConfig| {
+            Arc::new(sluice_runtime::LocalRunner) as Arc<dyn JobRunner>
+        }))
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use sluice_engine::{Result, SluiceConfig, SluiceError};
-use sluice_slt::{SltEvent, SltOptions, run_file, slt_config};
+use sluice_slt::{SltEvent, SltOptions, SltTarget, run_file, slt_config};
 use tokio::runtime::Runtime;
 
 use crate::cancel::until_ctrl_c;
@@ -20,6 +20,10 @@ pub struct SltArgs {
     /// Stop at the first failed record.
     #[arg(long)]
     pub fail_fast: bool,
+    /// Run every file on the `sluice server` at this address (`grpc://HOST:PORT`), each in a
+    /// session of its own, instead of in this process.
+    #[arg(long, value_name = "URL")]
+    pub connect: Option<String>,
 }
 
 /// Runs the files one after another, each in a fresh session, and prints one line per file, every
@@ -35,7 +39,10 @@ pub fn run(args: SltArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
     let scratch = tempfile::tempdir().map_err(|e| SluiceError::io("<temp dir>", e))?;
     std::env::set_current_dir(scratch.path()).map_err(|e| SluiceError::io(scratch.path(), e))?;
 
-    let runners = crate::runners::runner_factory();
+    let target = match &args.connect {
+        Some(url) => SltTarget::Remote(url.clone()),
+        None => SltTarget::Local(crate::runners::runner_factory()),
+    };
     let options = SltOptions {
         fail_fast: args.fail_fast,
     };
@@ -48,7 +55,7 @@ pub fn run(args: SltArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
             SltEvent::Record => bar.inc(1),
         };
         let report = runtime.block_on(until_ctrl_c(async {
-            Ok(run_file(path, &config, &runners, options, &mut on_event).await)
+            Ok(run_file(path, &config, &target, options, &mut on_event).await)
         }));
         bar.finish_and_clear();
         let report = report?;

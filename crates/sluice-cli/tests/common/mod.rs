@@ -2,9 +2,11 @@
 //! environment, and TPC-H data generated once per test binary.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::process::{Child, Command, Stdio};
+use std::sync::{OnceLock, mpsc};
+use std::time::Duration;
 
 /// The `sluice` binary with no `SLUICE_*` variable and no backtraces.
 pub fn sluice() -> Command {
@@ -36,4 +38,81 @@ pub fn tpch_dir() -> &'static Path {
         );
         dir
     })
+}
+
+/// A running `sluice server`; dropping it sends SIGTERM and waits for it to stop.
+pub struct Server {
+    child: Child,
+    pub url: String,
+    /// What it printed up to its Flight SQL line (included).
+    pub started: Vec<String>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    pub fn start(flags: &[&str], data: &Path) -> Server {
+        Self::start_in(flags, Some(data), None)
+    }
+
+    /// A server with `flags` before `server`, the tables of `data`, and `dir` as its working
+    /// directory (relative paths in SQL resolve there).
+    // The child is waited for by `stop` or `Drop`.
+    #[allow(clippy::zombie_processes)]
+    pub fn start_in(flags: &[&str], data: Option<&Path>, dir: Option<&Path>) -> Server {
+        let mut command = sluice();
+        command
+            .args(flags)
+            .args(["server", "--flight-sql-listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(data) = data {
+            command.arg("--data").arg(data);
+        }
+        if let Some(dir) = dir {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no Flight SQL line from the server; it said {seen:?}"));
+            seen.push(line.clone());
+            if let Some(rest) = line.strip_prefix("sluice server: Flight SQL on ") {
+                let url = rest.split_whitespace().next().unwrap().to_string();
+                return Server {
+                    child,
+                    url,
+                    started: seen,
+                    lines,
+                };
+            }
+        }
+    }
+
+    /// SIGTERM, then the lines it printed while stopping.
+    pub fn stop(mut self) -> Vec<String> {
+        let pid = self.child.id().to_string();
+        let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(killed.success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the server exited with {status}");
+        self.lines.try_iter().collect()
+    }
+}
+
+impl Drop for Server {
+    /// A test that fails leaves no server (or its workers) behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
