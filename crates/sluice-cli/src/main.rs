@@ -110,6 +110,9 @@ enum Command {
     Worker(WorkerArgs),
     /// Run the driver as a server: an Arrow Flight SQL endpoint over a cluster, until SIGTERM.
     Server(ServerArgs),
+    /// Read a password line from stdin and print its verifier for `sluice server --users FILE`
+    /// (`name:` + the verifier is one line of that file).
+    HashPassword,
 }
 
 impl GlobalArgs {

@@ -80,11 +80,29 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
     let data = tpch_dir();
     let cluster = Server::start(&["--workers", "2"], data);
     let local = Server::start(&["--mode", "local"], data);
+    let dir = tempfile::tempdir().unwrap();
+    let users = users_file(dir.path(), "ann", "s3cret");
+    let guarded = Server::start_in(
+        &["--mode", "local"],
+        &["--users", users.to_str().unwrap()],
+        None,
+        None,
+    );
+    assert!(
+        guarded
+            .started
+            .last()
+            .unwrap()
+            .ends_with("(local mode, 0 tables, login required, 1 users)"),
+        "{:?}",
+        guarded.started
+    );
     let output = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(Path::new(PYTHON_DIR).join("test_flight_sql.py"))
         .env("SLUICE_FLIGHT_SQL", &cluster.url)
         .env("SLUICE_FLIGHT_SQL_LOCAL", &local.url)
+        .env("SLUICE_FLIGHT_SQL_LOGIN", &guarded.url)
         .env("SLUICE_TPCH_QUERIES", query_files())
         .output()
         .unwrap();
@@ -95,13 +113,34 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("28 passed"), "{stdout}");
+    assert!(summary.starts_with("29 passed"), "{stdout}");
     let stopping = cluster.stop();
     assert!(
         stopping.iter().any(|line| line == "sluice server: stopped"),
         "{stopping:?}"
     );
     local.stop();
+    guarded.stop();
+}
+
+/// A users file with one account, its verifier made by `sluice hash-password`.
+fn users_file(dir: &Path, user: &str, password: &str) -> PathBuf {
+    let mut child = sluice()
+        .arg("hash-password")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    writeln!(child.stdin.take().unwrap(), "{password}").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let verifier = String::from_utf8(output.stdout).unwrap();
+    assert!(verifier.starts_with("SCRAM-SHA-256$4096:"), "{verifier}");
+    assert!(!verifier.contains(password));
+    let path = dir.join("users");
+    std::fs::write(&path, format!("{user}:{verifier}")).unwrap();
+    path
 }
 
 #[test]
@@ -121,7 +160,7 @@ fn a_table_that_cannot_be_read_is_reported_and_left_out() {
             .started
             .last()
             .unwrap()
-            .ends_with("(local mode, 1 tables)"),
+            .ends_with("(local mode, 1 tables, no login)"),
         "{:?}",
         server.started
     );

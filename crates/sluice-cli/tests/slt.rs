@@ -135,7 +135,7 @@ fn shared_slt_files_pass_the_same_records_on_worker_processes_with_blocking_exch
 fn shared_slt_files_pass_the_same_records_through_a_server_of_2_worker_processes() {
     // The server's working directory is where the files' relative paths (scratch output) land.
     let dir = tempfile::tempdir().unwrap();
-    let server = common::Server::start_in(&["--workers", "2"], None, Some(dir.path()));
+    let server = common::Server::start_in(&["--workers", "2"], &[], None, Some(dir.path()));
     let url = server.url.clone();
     assert_same_as_local("local", &["--connect", &url]);
     let stopping = server.stop();

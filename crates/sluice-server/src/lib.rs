@@ -24,6 +24,7 @@ pub mod server;
 pub mod service;
 pub mod sessions;
 pub mod status;
+pub mod users;
 
 pub use client::{RemoteOutput, RemoteSession};
 pub use server::{FlightSqlEndpoint, FlightSqlOptions};

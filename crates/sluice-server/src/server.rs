@@ -46,8 +46,8 @@ pub struct FlightSqlEndpoint {
 }
 
 impl FlightSqlEndpoint {
-    /// Serves `sessions` on `options.listen`. Without user accounts (future work) the endpoint
-    /// accepts anyone, so only a loopback address is allowed.
+    /// Serves `sessions` on `options.listen`. Without user accounts the endpoint accepts anyone, so
+    /// only a loopback address is allowed then.
     pub async fn start(sessions: Arc<Sessions>, options: &FlightSqlOptions) -> Result<Self> {
         let listen_error = |e: std::io::Error| {
             SluiceError::invalid(format!(
@@ -59,10 +59,10 @@ impl FlightSqlEndpoint {
             .await
             .map_err(listen_error)?;
         let address = listener.local_addr().map_err(listen_error)?;
-        if !address.ip().is_loopback() {
+        if !address.ip().is_loopback() && !sessions.requires_login() {
             return Err(SluiceError::invalid(format!(
-                "the Flight SQL endpoint would accept anyone on {address}: listen on a loopback \
-                 address (user accounts for other addresses are not built yet)"
+                "the Flight SQL endpoint would accept anyone on {address}: give --users FILE, or \
+                 listen on a loopback address"
             )));
         }
         let queries = Arc::new(Queries::default());

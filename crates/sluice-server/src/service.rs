@@ -261,10 +261,11 @@ fn ipc_schema(schema: &Schema) -> Result<prost::bytes::Bytes, Status> {
         .map_err(|e| Status::internal(format!("encoding a schema: {e}")))
 }
 
-/// The user name of `authorization: Basic base64(user:password)`.
-fn basic_user<T>(request: &Request<T>) -> Result<String, Status> {
+/// The user name and password of `authorization: Basic base64(user:password)` (none: an anonymous
+/// user with no password).
+fn basic_credentials<T>(request: &Request<T>) -> Result<(String, String), Status> {
     let Some(value) = request.metadata().get("authorization") else {
-        return Ok("anonymous".to_string());
+        return Ok(("anonymous".to_string(), String::new()));
     };
     let text = value
         .to_str()
@@ -272,13 +273,19 @@ fn basic_user<T>(request: &Request<T>) -> Result<String, Status> {
     let encoded = text.strip_prefix("Basic ").ok_or_else(|| {
         Status::invalid_argument("the handshake takes 'authorization: Basic base64(user:password)'")
     })?;
-    let decoded = base64::engine::general_purpose::STANDARD
+    // Clients differ on padding (ADBC's Go driver sends none): accept both.
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let decoded = engine
         .decode(encoded.trim())
         .map_err(|e| Status::invalid_argument(format!("basic credentials: {e}")))?;
     let text = String::from_utf8(decoded)
         .map_err(|_| Status::invalid_argument("basic credentials are not UTF-8"))?;
-    let user = text.split_once(':').map_or(text.as_str(), |(user, _)| user);
-    Ok(user.to_string())
+    let (user, password) = text.split_once(':').unwrap_or((text.as_str(), ""));
+    Ok((user.to_string(), password.to_string()))
 }
 
 #[tonic::async_trait]
@@ -292,8 +299,8 @@ impl FlightSqlService for SluiceFlightSql {
         Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
         Status,
     > {
-        let user = basic_user(&request)?;
-        let token = self.sessions.open(&user).await.map_err(|e| status_of(&e))?;
+        let (user, password) = basic_credentials(&request)?;
+        let token = self.sessions.open(&user, &password).await?;
         let reply = HandshakeResponse {
             protocol_version: 0,
             payload: token.clone().into_bytes().into(),

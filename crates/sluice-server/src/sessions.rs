@@ -1,6 +1,8 @@
 //! The server's sessions: each client that authenticates gets a [`SluiceSession`] of its own, forked
 //! from the server's base session (its tables, runner and memory pool), so what it creates or sets
-//! stays its own. Requests that carry no token share one anonymous session.
+//! stays its own. Without user accounts, any user name opens a session and requests that carry no
+//! token share one anonymous session; with accounts (`--users`), a handshake needs a valid user and
+//! password and every other call needs its token.
 //!
 //! Invariants:
 //! - A token is `s<id>.<secret>`: the id finds the session, the 128-bit random secret is compared in
@@ -13,6 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use sluice_engine::{Result, SluiceError, SluiceSession};
 use subtle::ConstantTimeEq;
+
+use crate::users::Users;
 use tonic::{Request, Status};
 
 /// Makes the session of each new client.
@@ -66,6 +70,7 @@ struct Opened {
 /// Every session of the server.
 pub struct Sessions {
     factory: SessionFactory,
+    users: Option<Users>,
     anonymous: Arc<SluiceSession>,
     next: AtomicU64,
     opened: Mutex<HashMap<SessionId, Opened>>,
@@ -82,20 +87,44 @@ impl std::fmt::Debug for Sessions {
 impl Sessions {
     /// The sessions of a server whose clients fork `factory`'s base session.
     pub async fn new(factory: SessionFactory) -> Result<Self> {
+        Self::with_users(factory, None).await
+    }
+
+    /// The sessions of a server whose clients log in as one of `users` (`None`: anyone, no password).
+    pub async fn with_users(factory: SessionFactory, users: Option<Users>) -> Result<Self> {
         let anonymous = Arc::new(factory.open().await?);
         Ok(Self {
             factory,
+            users,
             anonymous,
             next: AtomicU64::new(1),
             opened: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Opens a session for `user` and returns its bearer token.
-    pub async fn open(&self, user: &str) -> Result<String> {
-        let session = Arc::new(self.factory.open().await?);
+    /// Whether calls must log in (the server has user accounts).
+    pub fn requires_login(&self) -> bool {
+        self.users.is_some()
+    }
+
+    /// Opens a session for `user` (checking `password` when the server has accounts) and returns
+    /// its bearer token.
+    pub async fn open(&self, user: &str, password: &str) -> Result<String, Status> {
+        if let Some(users) = &self.users
+            && !users.check(user, password)
+        {
+            return Err(Status::unauthenticated(format!(
+                "wrong user name or password for '{user}'"
+            )));
+        }
+        let session = Arc::new(
+            self.factory
+                .open()
+                .await
+                .map_err(|e| crate::status::status_of(&e))?,
+        );
         let id = SessionId(self.next.fetch_add(1, Ordering::Relaxed));
-        let secret = random_hex()?;
+        let secret = random_hex().map_err(|e| crate::status::status_of(&e))?;
         let token = format!("s{}.{secret}", id.0);
         self.lock().insert(
             id,
@@ -115,6 +144,11 @@ impl Sessions {
         request: &Request<T>,
     ) -> Result<(SessionKey, Arc<SluiceSession>), Status> {
         let Some(value) = request.metadata().get("authorization") else {
+            if self.requires_login() {
+                return Err(Status::unauthenticated(
+                    "this server requires a login: hand shake with a user name and password first",
+                ));
+            }
             return Ok((SessionKey::Anonymous, self.anonymous.clone()));
         };
         let text = value
@@ -202,8 +236,8 @@ mod tests {
     #[tokio::test]
     async fn a_token_finds_its_own_session_and_settings_stay_in_it() {
         let sessions = sessions().await;
-        let first = sessions.open("ann").await.unwrap();
-        let second = sessions.open("bob").await.unwrap();
+        let first = sessions.open("ann", "").await.unwrap();
+        let second = sessions.open("bob", "").await.unwrap();
         let (key, one) = sessions
             .of_request(&request(Some(&format!("Bearer {first}"))))
             .unwrap();
@@ -226,7 +260,7 @@ mod tests {
     #[tokio::test]
     async fn a_wrong_secret_or_a_bad_header_is_unauthenticated() {
         let sessions = sessions().await;
-        let token = sessions.open("ann").await.unwrap();
+        let token = sessions.open("ann", "").await.unwrap();
         let flipped = if token.ends_with('0') { '1' } else { '0' };
         let forged = format!("Bearer {}{flipped}", &token[..token.len() - 1]);
         for header in [forged.as_str(), "Bearer s1.00", "Bearer s9.00", "Basic abc"] {

@@ -16,6 +16,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
 use sluice_engine::catalog::table_at;
 use sluice_engine::{SluiceConfig, SluiceSession};
+use sluice_server::users::{Users, Verifier};
 use sluice_server::{FlightSqlEndpoint, FlightSqlOptions, SessionFactory, Sessions};
 use tonic::transport::Channel;
 
@@ -25,6 +26,10 @@ struct Server {
 }
 
 async fn server() -> Server {
+    server_with(None).await
+}
+
+async fn server_with(users: Option<Users>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.csv");
     std::fs::write(&path, "a,b\n1,x\n2,y\n3,z\n").unwrap();
@@ -36,7 +41,11 @@ async fn server() -> Server {
     base.register_table(table_at("t", &path).unwrap())
         .await
         .unwrap();
-    let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await.unwrap());
+    let sessions = Arc::new(
+        Sessions::with_users(SessionFactory::new(base), users)
+            .await
+            .unwrap(),
+    );
     let options = FlightSqlOptions {
         listen: "127.0.0.1:0".into(),
     };
@@ -243,4 +252,57 @@ async fn a_prepared_statement_runs_with_its_bound_parameters() {
         assert_eq!(text, format!("+---+\n| b |\n+---+\n| {expected} |\n+---+"));
     }
     prepared.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn with_accounts_only_a_right_password_opens_a_session() {
+    let verifier = Verifier::new("s3cret", b"some salt", 64).to_text();
+    let users = Users::parse(&format!("ann:{verifier}")).unwrap();
+    let server = server_with(Some(users)).await;
+    let mut client = client(&server).await;
+    let anonymous = status_of(client.execute("select 1".into(), None).await.unwrap_err());
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated);
+    for (user, password) in [("ann", "wrong"), ("bob", "s3cret"), ("ann", "")] {
+        // arrow-flight's client reports a failed handshake as text holding the status.
+        let refused = client
+            .handshake(user, password)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("code: 'The request does not have valid authentication credentials'")
+                && refused.contains(&format!(
+                    "message: \"wrong user name or password for '{user}'\""
+                )),
+            "{refused}"
+        );
+    }
+    assert_eq!(server.endpoint.sessions().len(), 0);
+    client.handshake("ann", "s3cret").await.unwrap();
+    assert_eq!(
+        query(&mut client, "select count(*) as n from t").await,
+        "+---+\n| n |\n+---+\n| 3 |\n+---+"
+    );
+}
+
+#[tokio::test]
+async fn without_accounts_only_loopback_addresses_serve() {
+    let base = SluiceSession::new(
+        &SluiceConfig::default(),
+        Arc::new(sluice_runtime::LocalRunner),
+    )
+    .unwrap();
+    let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await.unwrap());
+    let options = FlightSqlOptions {
+        listen: "0.0.0.0:0".into(),
+    };
+    let error = FlightSqlEndpoint::start(sessions, &options)
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.starts_with("the Flight SQL endpoint would accept anyone on 0.0.0.0:")
+            && text.ends_with(": give --users FILE, or listen on a loopback address"),
+        "{text}"
+    );
 }

@@ -36,5 +36,6 @@ pub fn run(command: Command, config: SluiceConfig, runtime: &Runtime) -> Result<
         Command::Config(args) => config::run(args, &config),
         Command::Worker(args) => worker::run(args, &config, runtime),
         Command::Server(args) => server::run(args, &config, runtime),
+        Command::HashPassword => server::hash_password(),
     }
 }

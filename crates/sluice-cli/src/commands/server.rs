@@ -14,6 +14,7 @@ use clap::Args;
 use sluice_engine::catalog::{TableSource, discover_tables, parse_table_arg};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
+use sluice_server::users::{Users, Verifier};
 use sluice_server::{FlightSqlEndpoint, FlightSqlOptions, SessionFactory, Sessions};
 use tokio::runtime::Runtime;
 
@@ -31,6 +32,10 @@ pub struct ServerArgs {
     /// Where the Arrow Flight SQL endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_FLIGHT_SQL_LISTEN)]
     pub flight_sql_listen: String,
+    /// User accounts, one `name:verifier` line each (`sluice hash-password` prints a verifier):
+    /// every client must log in. Without it anyone may connect, so only loopback addresses serve.
+    #[arg(long, value_name = "FILE")]
+    pub users: Option<std::path::PathBuf>,
 }
 
 /// Runs `sluice server` until SIGTERM or Ctrl-C.
@@ -55,7 +60,9 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     for line in runner.start_now().await? {
         eprintln!("sluice server: {line}");
     }
-    let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await?);
+    let users = args.users.as_deref().map(Users::load).transpose()?;
+    let accounts = users.as_ref().map_or(0, Users::len);
+    let sessions = Arc::new(Sessions::with_users(SessionFactory::new(base), users).await?);
     let endpoint = FlightSqlEndpoint::start(
         sessions,
         &FlightSqlOptions {
@@ -63,8 +70,13 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         },
     )
     .await?;
+    let login = if accounts > 0 {
+        format!("login required, {accounts} users")
+    } else {
+        "no login".to_string()
+    };
     eprintln!(
-        "sluice server: Flight SQL on grpc://{} ({} mode, {} tables)",
+        "sluice server: Flight SQL on grpc://{} ({} mode, {} tables, {login})",
         endpoint.address(),
         runner.mode_name(),
         endpoint.sessions().base().tables().len()
@@ -110,4 +122,20 @@ async fn stop_signal() -> &'static str {
     }
     let _ = tokio::signal::ctrl_c().await;
     "Ctrl-C"
+}
+
+/// `sluice hash-password`: reads one password line from stdin, prints its users-file verifier.
+pub fn hash_password() -> Result<ExitCode> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| sluice_engine::SluiceError::io("<stdin>", e))?;
+    let password = line.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(sluice_engine::SluiceError::invalid(
+            "no password on stdin (give one line)",
+        ));
+    }
+    println!("{}", Verifier::generate(password)?.to_text());
+    Ok(ExitCode::SUCCESS)
 }

@@ -51,18 +51,24 @@ pub struct Server {
 
 impl Server {
     pub fn start(flags: &[&str], data: &Path) -> Server {
-        Self::start_in(flags, Some(data), None)
+        Self::start_in(flags, &[], Some(data), None)
     }
 
-    /// A server with `flags` before `server`, the tables of `data`, and `dir` as its working
-    /// directory (relative paths in SQL resolve there).
+    /// A server with `flags` before `server` and `server_flags` after it, the tables of `data`, and
+    /// `dir` as its working directory (relative paths in SQL resolve there).
     // The child is waited for by `stop` or `Drop`.
     #[allow(clippy::zombie_processes)]
-    pub fn start_in(flags: &[&str], data: Option<&Path>, dir: Option<&Path>) -> Server {
+    pub fn start_in(
+        flags: &[&str],
+        server_flags: &[&str],
+        data: Option<&Path>,
+        dir: Option<&Path>,
+    ) -> Server {
         let mut command = sluice();
         command
             .args(flags)
             .args(["server", "--flight-sql-listen", "127.0.0.1:0"])
+            .args(server_flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -206,3 +206,19 @@ def test_fifty_concurrent_clients_get_the_local_answers_and_leave_nothing_behind
         5.0,
         "the server still holds work",
     )
+
+
+def test_wrong_or_missing_credentials_are_refused():
+    url = os.environ["SLUICE_FLIGHT_SQL_LOGIN"]
+    refused = [{}, {"username": "ann", "password": "wrong"}, {"username": "nobody", "password": "s3cret"}]
+    for credentials in refused:
+        with pytest.raises(adbc_driver_manager.Error) as caught:
+            with flight_sql.connect(url, db_kwargs=credentials, autocommit=True) as conn:
+                with conn.cursor() as cur:
+                    cur.execute("select 1")
+                    cur.fetchall()
+        assert caught.value.status_code == adbc_driver_manager.AdbcStatusCode.UNAUTHENTICATED, (credentials, caught.value)
+    with flight_sql.connect(url, db_kwargs={"username": "ann", "password": "s3cret"}, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.execute("select 1 as one")
+            assert cur.fetchall() == [(1,)]
