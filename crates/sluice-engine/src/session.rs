@@ -339,9 +339,8 @@ impl SluiceSession {
         let ctx =
             SessionContext::new_with_config_rt(state.config().clone(), state.runtime_env().clone());
         for name in self.tables.keys() {
-            if let Ok(provider) = self.ctx.table_provider(name.as_str()).await {
-                ctx.register_table(name.as_str(), provider)?;
-            }
+            let provider = self.ctx.table_provider(name.as_str()).await?;
+            ctx.register_table(name.as_str(), provider)?;
         }
         Ok(Self {
             ctx,

@@ -21,14 +21,19 @@ use crate::sessions::SessionKey;
 /// How long a planned statement waits for its `DoGet`.
 pub const PENDING_TTL: Duration = Duration::from_secs(600);
 
-/// The handle of a planned or prepared statement, as it travels in tickets.
+/// The handle of a planned or prepared statement, as it travels in tickets: a sequence number (for
+/// messages) and 64 random bits, so that a handle cannot be guessed from another one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct QueryHandle(pub u64);
+pub struct QueryHandle {
+    /// The statement's number on this server.
+    pub number: u64,
+    nonce: u64,
+}
 
 impl QueryHandle {
     /// The bytes put in tickets and prepared-statement handles.
     pub fn to_bytes(self) -> Vec<u8> {
-        format!("sluice-query-{}", self.0).into_bytes()
+        format!("sluice-query-{}-{:016x}", self.number, self.nonce).into_bytes()
     }
 
     /// The handle `bytes` carry.
@@ -36,15 +41,20 @@ impl QueryHandle {
         std::str::from_utf8(bytes)
             .ok()
             .and_then(|text| text.strip_prefix("sluice-query-"))
-            .and_then(|number| number.parse().ok())
-            .map(Self)
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(number, nonce)| {
+                Some(Self {
+                    number: number.parse().ok()?,
+                    nonce: u64::from_str_radix(nonce, 16).ok()?,
+                })
+            })
             .ok_or_else(|| Status::invalid_argument("not a statement handle of this server"))
     }
 }
 
 impl std::fmt::Display for QueryHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "statement {}", self.0)
+        write!(f, "statement {}", self.number)
     }
 }
 
@@ -187,7 +197,13 @@ impl Queries {
     }
 
     fn next_handle(&self) -> QueryHandle {
-        QueryHandle(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+        let mut nonce = [0u8; 8];
+        // Without randomness the handle is still unique (its number); it is only guessable.
+        let _ = getrandom::fill(&mut nonce);
+        QueryHandle {
+            number: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            nonce: u64::from_le_bytes(nonce),
+        }
     }
 }
 

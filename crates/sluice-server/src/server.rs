@@ -46,8 +46,8 @@ pub struct FlightSqlEndpoint {
 }
 
 impl FlightSqlEndpoint {
-    /// Serves `sessions` on `options.listen`. Without user accounts the endpoint accepts anyone, so
-    /// only a loopback address is allowed then.
+    /// Serves `sessions` on `options.listen`. The endpoint speaks plain gRPC (no TLS yet), so only a
+    /// loopback address is allowed: credentials and tokens never cross a network in clear text.
     pub async fn start(sessions: Arc<Sessions>, options: &FlightSqlOptions) -> Result<Self> {
         let listen_error = |e: std::io::Error| {
             SluiceError::invalid(format!(
@@ -59,10 +59,10 @@ impl FlightSqlEndpoint {
             .await
             .map_err(listen_error)?;
         let address = listener.local_addr().map_err(listen_error)?;
-        if !address.ip().is_loopback() && !sessions.requires_login() {
+        if !address.ip().is_loopback() {
             return Err(SluiceError::invalid(format!(
-                "the Flight SQL endpoint would accept anyone on {address}: give --users FILE, or \
-                 listen on a loopback address"
+                "the Flight SQL endpoint would send passwords and session tokens in clear text on \
+                 {address}: listen on a loopback address (TLS on the front door is not built yet)"
             )));
         }
         let queries = Arc::new(Queries::default());

@@ -165,7 +165,13 @@ impl Users {
         if by_name.is_empty() {
             return Err("no users".into());
         }
-        let decoy = by_name.values().next().cloned();
+        // As slow as the slowest real account, whatever the name.
+        let iterations = by_name
+            .values()
+            .map(|v| v.iterations)
+            .max()
+            .unwrap_or(DEFAULT_ITERATIONS);
+        let decoy = Some(Verifier::new("", b"sluice-decoy-salt", iterations));
         Ok(Self { by_name, decoy })
     }
 

@@ -79,15 +79,18 @@ impl SltDb {
     /// A fresh session on the server at `url`, with `config`'s settings replayed as `SET`s (those
     /// not at their defaults), so the files see what a local session would.
     pub async fn connect(url: &str, config: &SluiceConfig) -> Result<Self, SltError> {
-        let remote_error = |status: tonic::Status| SltError::Other(status.message().to_string());
-        let mut session = RemoteSession::connect(url).await.map_err(remote_error)?;
+        let mut session = RemoteSession::connect(url)
+            .await
+            .map_err(|status| SltError::Other(format!("{url}: {}", status.message())))?;
         for (key, value) in &config.session {
             if value.source != "default" {
                 let text = value.value.replace('\'', "''");
                 session
                     .execute(&format!("SET {key} = '{text}'"))
                     .await
-                    .map_err(remote_error)?;
+                    .map_err(|status| {
+                        SltError::Other(format!("{url}: setting {key}: {}", status.message()))
+                    })?;
             }
         }
         Ok(Self {
@@ -101,10 +104,18 @@ impl SltDb {
         session: &mut RemoteSession,
         sql: &str,
     ) -> Result<(Vec<SltColumnType>, Vec<arrow::array::RecordBatch>), SltError> {
-        let output = session
-            .execute(sql)
-            .await
-            .map_err(|status| SltError::Remote(status.message().to_string()))?;
+        let output = session.execute(sql).await.map_err(|status| {
+            // Statement failures read as local ones; failures to reach or use the server do not.
+            match status.code() {
+                tonic::Code::Unavailable
+                | tonic::Code::Unauthenticated
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unimplemented => {
+                    SltError::Other(format!("{}: {}", session.url(), status.message()))
+                }
+                _ => SltError::Remote(status.message().to_string()),
+            }
+        })?;
         Ok((column_types(output.schema.fields()), output.batches))
     }
 

@@ -33,7 +33,7 @@ pub struct ServerArgs {
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_FLIGHT_SQL_LISTEN)]
     pub flight_sql_listen: String,
     /// User accounts, one `name:verifier` line each (`sluice hash-password` prints a verifier):
-    /// every client must log in. Without it anyone may connect, so only loopback addresses serve.
+    /// every client must log in. Without it anyone on this machine may connect.
     #[arg(long, value_name = "FILE")]
     pub users: Option<std::path::PathBuf>,
 }
@@ -49,6 +49,11 @@ pub fn run(args: ServerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result
 }
 
 async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
+    // Listening for SIGTERM before anything is printed: a client that signals as soon as it reads
+    // the endpoint line must get the graceful stop, not the default (death by signal).
+    let stop = StopSignal::listen();
+    // Bad accounts fail before any worker starts.
+    let users = args.users.as_deref().map(Users::load).transpose()?;
     let runner = runner_for(&config);
     let mut base = SluiceSession::new(&config, runner.clone())?;
     for source in table_sources(&args.tables)? {
@@ -60,7 +65,6 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     for line in runner.start_now().await? {
         eprintln!("sluice server: {line}");
     }
-    let users = args.users.as_deref().map(Users::load).transpose()?;
     let accounts = users.as_ref().map_or(0, Users::len);
     let sessions = Arc::new(Sessions::with_users(SessionFactory::new(base), users).await?);
     let endpoint = FlightSqlEndpoint::start(
@@ -81,7 +85,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         runner.mode_name(),
         endpoint.sessions().base().tables().len()
     );
-    let signal = stop_signal().await;
+    let signal = stop.wait().await;
     eprintln!(
         "sluice server: {signal}: stopping (running calls get {} s)",
         STOP_GRACE.as_secs()
@@ -108,20 +112,33 @@ fn table_sources(args: &TableArgs) -> Result<Vec<TableSource>> {
     Ok(sources)
 }
 
-/// Waits for SIGTERM or Ctrl-C and says which came.
-async fn stop_signal() -> &'static str {
+/// SIGTERM (registered when made) or Ctrl-C.
+struct StopSignal {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignal {
+    fn listen() -> Self {
+        Self {
+            #[cfg(unix)]
+            terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .ok(),
+        }
+    }
+
+    /// Waits for either and says which came.
+    async fn wait(mut self) -> &'static str {
+        #[cfg(unix)]
+        if let Some(terminate) = self.terminate.as_mut() {
             return tokio::select! {
                 _ = terminate.recv() => "SIGTERM",
                 _ = tokio::signal::ctrl_c() => "Ctrl-C",
             };
         }
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
     }
-    let _ = tokio::signal::ctrl_c().await;
-    "Ctrl-C"
 }
 
 /// `sluice hash-password`: reads one password line from stdin, prints its users-file verifier.

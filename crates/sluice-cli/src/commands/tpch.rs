@@ -211,7 +211,6 @@ fn print_manifest(manifest: &Manifest) {
     }
 }
 
-/// Runs the benchmark, prints its table (and the pass/fail line when verifying), writes `--json`.
 /// Writes `sluice tpch queries`' files.
 fn write_queries(args: &QueriesArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out).map_err(|e| SluiceError::io(&args.out, e))?;
@@ -225,6 +224,7 @@ fn write_queries(args: &QueriesArgs) -> Result<()> {
     Ok(())
 }
 
+/// Runs the benchmark, prints its table (and the pass/fail line when verifying), writes `--json`.
 pub fn run_and_report(
     session: &SluiceSession,
     reference: Option<&SluiceSession>,

@@ -47,6 +47,8 @@ pub struct Server {
     /// What it printed up to its Flight SQL line (included).
     pub started: Vec<String>,
     lines: mpsc::Receiver<String>,
+    /// The thread forwarding its stderr (ends when the server's stderr closes).
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -81,7 +83,7 @@ impl Server {
         let mut child = command.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let _ = send.send(line);
             }
@@ -99,6 +101,7 @@ impl Server {
                     url,
                     started: seen,
                     lines,
+                    reader: Some(reader),
                 };
             }
         }
@@ -111,6 +114,10 @@ impl Server {
         assert!(killed.success());
         let status = self.child.wait().unwrap();
         assert!(status.success(), "the server exited with {status}");
+        if let Some(reader) = self.reader.take() {
+            // Every line it printed, up to the last one.
+            let _ = reader.join();
+        }
         self.lines.try_iter().collect()
     }
 }
