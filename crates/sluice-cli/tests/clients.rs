@@ -114,6 +114,7 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
     );
     let summary = stdout.lines().last().unwrap_or_default();
     assert!(summary.starts_with("29 passed"), "{stdout}");
+    assert_sql_connect_prints_what_local_prints(&cluster.url, data);
     let stopping = cluster.stop();
     assert!(
         stopping.iter().any(|line| line == "sluice server: stopped"),
@@ -121,6 +122,40 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
     );
     local.stop();
     guarded.stop();
+}
+
+/// `sluice sql --connect` prints the same results as `sluice sql` in this process, and a server
+/// error as local mode's one line.
+fn assert_sql_connect_prints_what_local_prints(url: &str, data: &Path) {
+    let sql = "select n_name, n_regionkey from nation where n_nationkey < 4 order by n_nationkey; \
+               select count(*) as n from lineitem";
+    let remote = sluice()
+        .args(["sql", "--connect", url, sql])
+        .output()
+        .unwrap();
+    let local = sluice()
+        .args(["sql", "--data"])
+        .arg(data)
+        .arg(sql)
+        .output()
+        .unwrap();
+    assert!(
+        remote.status.success(),
+        "{}",
+        String::from_utf8_lossy(&remote.stderr)
+    );
+    let stdout = String::from_utf8(remote.stdout).unwrap();
+    assert_eq!(stdout, String::from_utf8(local.stdout).unwrap());
+    assert!(stdout.contains("| ALGERIA   | 0           |"), "{stdout}");
+    let failed = sluice()
+        .args(["sql", "--connect", url, "select * from no_such_table"])
+        .output()
+        .unwrap();
+    assert!(!failed.status.success());
+    assert_eq!(
+        String::from_utf8(failed.stderr).unwrap(),
+        "error: Error during planning: table 'datafusion.public.no_such_table' not found\n"
+    );
 }
 
 /// A users file with one account, its verifier made by `sluice hash-password`.

@@ -29,3 +29,5 @@ pub mod users;
 pub use client::{RemoteOutput, RemoteSession};
 pub use server::{FlightSqlEndpoint, FlightSqlOptions};
 pub use sessions::{SessionFactory, Sessions};
+/// The status type of every front-door error (tonic's).
+pub use tonic::Status;

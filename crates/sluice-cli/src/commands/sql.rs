@@ -13,6 +13,8 @@ use sluice_engine::{
 };
 use tokio::runtime::Runtime;
 
+use sluice_server::RemoteSession;
+
 use crate::cancel::until_ctrl_c;
 use crate::output::{OutputFormat, ResultWriter};
 use crate::runners::runner_for;
@@ -70,10 +72,29 @@ pub struct SqlArgs {
     /// Result format on stdout.
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,
+    /// Run the statements on the `sluice server` at this address (`grpc://HOST:PORT`), in a session
+    /// of their own, instead of in this process (its tables, not `--data`'s).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["data", "tables"])]
+    pub connect: Option<String>,
 }
 
 /// Runs `sluice sql`.
 pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
+    if let Some(url) = &args.connect {
+        let sql = match (&args.query, &args.file) {
+            (Some(query), _) => query.clone(),
+            (None, Some(path)) => {
+                std::fs::read_to_string(path).map_err(|e| SluiceError::io(path, e))?
+            }
+            (None, None) => {
+                return Err(SluiceError::invalid(
+                    "--connect runs a query argument or -f FILE (the shell does not connect yet)",
+                ));
+            }
+        };
+        runtime.block_on(until_ctrl_c(run_remote(url, &sql, args.format)))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let session = runtime.block_on(args.tables.open_session(config))?;
     let sql = match (&args.query, &args.file) {
         (Some(query), _) => query.clone(),
@@ -94,6 +115,60 @@ pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
     };
     runtime.block_on(until_ctrl_c(run_statements(&session, &sql, args.format)))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs each statement of `sql` on the server at `url`, printing results as local mode does.
+/// Statements are split here (with a local parser) and sent one by one.
+async fn run_remote(url: &str, sql: &str, format: OutputFormat) -> Result<()> {
+    let parser = SluiceSession::new(
+        &SluiceConfig::default(),
+        std::sync::Arc::new(sluice_runtime::LocalRunner),
+    )?;
+    let statements = parser.parse_sql(sql)?;
+    if statements.is_empty() {
+        return Err(SluiceError::invalid("no SQL statement given"));
+    }
+    let remote_error =
+        |status: sluice_server::Status| SluiceError::invalid(one_line(status.message()));
+    let mut remote = RemoteSession::connect(url).await.map_err(remote_error)?;
+    for statement in statements {
+        let text = match statement {
+            SluiceStatement::Sql(statement) => statement.to_string(),
+            SluiceStatement::ExplainDistributed { statement, format } => {
+                let format = match format {
+                    ExplainFormat::Text => "TEXT",
+                    ExplainFormat::Json => "JSON",
+                };
+                format!("EXPLAIN DISTRIBUTED FORMAT {format} {statement}")
+            }
+        };
+        let start = Instant::now();
+        let output = remote.execute(&text).await.map_err(remote_error)?;
+        let mut writer = ResultWriter::new(
+            format,
+            output.schema.clone(),
+            BufWriter::new(std::io::stdout()),
+        );
+        let mut rows = 0usize;
+        for batch in output.batches {
+            rows += batch.num_rows();
+            writer.write(batch)?;
+        }
+        writer.finish()?;
+        let noun = if rows == 1 { "row" } else { "rows" };
+        eprintln!("{rows} {noun} in {:.3}s", start.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// A server's message on one line, as the CLI prints errors.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs one statement, streaming its result to stdout; returns the row count.
