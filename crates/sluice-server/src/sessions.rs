@@ -7,17 +7,20 @@
 //! Invariants:
 //! - A token is `s<id>.<secret>`: the id finds the session, the 128-bit random secret is compared in
 //!   constant time, so neither a guessed id nor timing reveals another session.
-//! - Sessions live until the server stops (closing one is future work: Flight SQL has no "logout").
+//! - Flight SQL has no "logout": a session unused for [`SESSION_IDLE_TTL`] is dropped (checked
+//!   whenever a session opens); its token is then refused like an unknown one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sluice_engine::{Result, SluiceError, SluiceSession};
 use subtle::ConstantTimeEq;
+use tokio::time::Instant;
+use tonic::{Request, Status};
 
 use crate::users::Users;
-use tonic::{Request, Status};
 
 /// Makes the session of each new client.
 #[derive(Debug)]
@@ -61,16 +64,21 @@ impl std::fmt::Display for SessionId {
     }
 }
 
+/// How long a session may go unused before it is dropped.
+pub const SESSION_IDLE_TTL: Duration = Duration::from_secs(3600);
+
 struct Opened {
     secret: String,
     user: String,
     session: Arc<SluiceSession>,
+    last_used: Instant,
 }
 
 /// Every session of the server.
 pub struct Sessions {
     factory: SessionFactory,
     users: Option<Users>,
+    idle_ttl: Duration,
     anonymous: Arc<SluiceSession>,
     next: AtomicU64,
     opened: Mutex<HashMap<SessionId, Opened>>,
@@ -96,10 +104,17 @@ impl Sessions {
         Ok(Self {
             factory,
             users,
+            idle_ttl: SESSION_IDLE_TTL,
             anonymous,
             next: AtomicU64::new(1),
             opened: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The same sessions with another idle time-out (tests).
+    pub fn with_idle_ttl(mut self, idle_ttl: Duration) -> Self {
+        self.idle_ttl = idle_ttl;
+        self
     }
 
     /// Whether calls must log in (the server has user accounts).
@@ -126,12 +141,16 @@ impl Sessions {
         let id = SessionId(self.next.fetch_add(1, Ordering::Relaxed));
         let secret = random_hex().map_err(|e| crate::status::status_of(&e))?;
         let token = format!("s{}.{secret}", id.0);
-        self.lock().insert(
+        let mut opened = self.lock();
+        let idle_ttl = self.idle_ttl;
+        opened.retain(|_, entry| entry.last_used.elapsed() < idle_ttl);
+        opened.insert(
             id,
             Opened {
                 secret,
                 user: user.to_string(),
                 session,
+                last_used: Instant::now(),
             },
         );
         Ok(token)
@@ -166,10 +185,14 @@ impl Sessions {
     fn by_token(&self, token: &str) -> Option<(SessionKey, Arc<SluiceSession>)> {
         let (id, secret) = token.strip_prefix('s')?.split_once('.')?;
         let id = SessionId(id.parse().ok()?);
-        let opened = self.lock();
-        let entry = opened.get(&id)?;
+        let mut opened = self.lock();
+        let entry = opened.get_mut(&id)?;
         let same: bool = entry.secret.as_bytes().ct_eq(secret.as_bytes()).into();
-        same.then(|| (SessionKey::Opened(id), entry.session.clone()))
+        if !same || entry.last_used.elapsed() >= self.idle_ttl {
+            return None;
+        }
+        entry.last_used = Instant::now();
+        Some((SessionKey::Opened(id), entry.session.clone()))
     }
 
     /// The user who opened session `id`.
@@ -255,6 +278,36 @@ mod tests {
         let (key, anonymous) = sessions.of_request(&request(None)).unwrap();
         assert_eq!(key, SessionKey::Anonymous);
         assert_eq!(batch_size(&anonymous), 8192);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_unused_for_its_idle_time_is_dropped() {
+        let sessions = sessions().await.with_idle_ttl(Duration::from_secs(60));
+        let idle = sessions.open("ann", "").await.unwrap();
+        let busy = sessions.open("bob", "").await.unwrap();
+        tokio::time::advance(Duration::from_secs(40)).await;
+        assert!(
+            sessions
+                .of_request(&request(Some(&format!("Bearer {busy}"))))
+                .is_ok()
+        );
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let expired = sessions
+            .of_request(&request(Some(&format!("Bearer {idle}"))))
+            .unwrap_err();
+        assert_eq!(expired.code(), tonic::Code::Unauthenticated);
+        assert_eq!(expired.message(), "unknown or expired session token");
+        sessions.open("carol", "").await.unwrap();
+        assert_eq!(
+            sessions.len(),
+            2,
+            "ann's session is dropped, bob's (used 30 s ago) kept"
+        );
+        assert!(
+            sessions
+                .of_request(&request(Some(&format!("Bearer {busy}"))))
+                .is_ok()
+        );
     }
 
     #[tokio::test]
