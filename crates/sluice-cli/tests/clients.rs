@@ -59,16 +59,7 @@ fn python() -> PathBuf {
 /// Each TPC-H query as `qNN.sql` (`sluice tpch queries`).
 fn query_files() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-queries-sf0.01");
-    let output = sluice()
-        .args(["tpch", "queries", "--scale", "0.01", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    common::tpch_into("queries", "0.01", &dir);
     let q15 = std::fs::read_to_string(dir.join("q15.sql")).unwrap();
     assert_eq!(q15.matches("\n;\n").count(), 2, "{q15}");
     dir

@@ -20,12 +20,7 @@ fn sf01() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.1-cluster");
-        let output = sluice()
-            .args(["tpch", "gen", "--scale", "0.1", "--out"])
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{}", text(&output.stderr));
+        common::tpch_into("gen", "0.1", &dir);
         dir
     })
 }

@@ -20,22 +20,28 @@ pub fn sluice() -> Command {
     command
 }
 
+/// Runs `sluice tpch <command> --scale <scale> --out <dir>` (`gen` or `queries`) and checks it
+/// succeeded.
+pub fn tpch_into(command: &str, scale: &str, dir: &Path) {
+    let output = sluice()
+        .args(["tpch", command, "--scale", scale, "--out"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "sluice tpch {command}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// TPC-H SF 0.01, generated once per test binary into Cargo's tmp dir.
 pub fn tpch_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("tpch-sf0.01-{}", env!("CARGO_CRATE_NAME")));
-        let output = sluice()
-            .args(["tpch", "gen", "--scale", "0.01", "--out"])
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        tpch_into("gen", "0.01", &dir);
         dir
     })
 }
