@@ -1,12 +1,13 @@
 //! [`FlightSqlEndpoint`]: the Flight SQL service served on a TCP address until stopped.
 //!
-//! Invariant: dropping the endpoint (or [`FlightSqlEndpoint::stop`]) stops accepting calls; calls in
-//! flight end with their client.
+//! Invariant: [`FlightSqlEndpoint::stop`] stops accepting calls and lets calls in flight end;
+//! dropping the endpoint aborts the serving task (a `SpawnedTask`), calls included.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
+use datafusion::common::runtime::SpawnedTask;
 use sluice_engine::{Result, SluiceError};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -42,7 +43,8 @@ pub struct FlightSqlEndpoint {
     queries: Arc<Queries>,
     sessions: Arc<Sessions>,
     stop: Option<oneshot::Sender<()>>,
-    serving: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+    /// The serving task; dropping it (with the endpoint) aborts the server.
+    serving: Option<SpawnedTask<std::result::Result<(), tonic::transport::Error>>>,
 }
 
 impl FlightSqlEndpoint {
@@ -70,7 +72,7 @@ impl FlightSqlEndpoint {
             .map_err(|status| SluiceError::invalid(status.message().to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let serving = tokio::spawn(
+        let serving = SpawnedTask::spawn(
             Server::builder()
                 .add_service(
                     FlightServiceServer::new(service)
@@ -111,7 +113,7 @@ impl FlightSqlEndpoint {
             let _ = stop.send(());
         }
         if let Some(serving) = self.serving.take() {
-            let _ = serving.await;
+            let _ = serving.join().await;
         }
     }
 }
