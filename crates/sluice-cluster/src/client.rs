@@ -40,13 +40,7 @@ impl GrpcWorkerClient {
 
 /// Whether a status is the worker's own answer (it handled the call), not a transport failure.
 fn answered(status: &tonic::Status) -> bool {
-    !matches!(
-        status.code(),
-        tonic::Code::Unavailable
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::Cancelled
-            | tonic::Code::Unknown
-    )
+    !crate::wire::connection_failed(status.code())
 }
 
 impl GrpcWorkerClient {

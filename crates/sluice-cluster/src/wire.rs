@@ -424,20 +424,29 @@ pub(crate) fn from_status(status: &tonic::Status, what: &str) -> RemoteError {
     }
 }
 
-/// [`from_status`] for a call to the worker at `peer`: a transport failure that did not come from
-/// a Sluice error on the other side (the connection failed, not the worker) names `peer` as
-/// unreachable, evidence for the driver that it is gone.
+/// Whether a status with no Sluice error in its details says the connection failed (the peer
+/// vanished, the stream was cut, the call timed out) rather than that the peer answered. Hyper
+/// reports a connection reset mid-stream as `Cancelled`: without details, that is no answer.
+pub(crate) fn connection_failed(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+    )
+}
+
+/// [`from_status`] for a call to the worker at `peer`: a connection failure that did not come from
+/// a Sluice error on the other side (see [`connection_failed`]) is a transport error naming `peer`
+/// as unreachable, evidence for the driver that it is gone.
 pub(crate) fn from_status_at(status: &tonic::Status, what: &str, peer: &str) -> RemoteError {
-    let mut error = from_status(status, what);
-    if error.kind == ErrorKind::Transport
-        && error.root == "sluice.transport"
-        && error.peer.is_none()
-    {
-        let answered = proto::TaskError::decode(status.details()).is_ok_and(|e| !e.root.is_empty());
-        if !answered {
-            error.peer = Some(peer.to_string());
-        }
+    let answered = proto::TaskError::decode(status.details()).is_ok_and(|e| !e.root.is_empty());
+    if answered || !connection_failed(status.code()) {
+        return from_status(status, what);
     }
+    let mut error = RemoteError::new(
+        ErrorKind::Transport,
+        format!("{what}: {}", status.message()),
+    );
+    error.peer = Some(peer.to_string());
     error
 }
 
@@ -538,6 +547,31 @@ mod tests {
             back.message,
             "reading x from 127.0.0.1:9: connection refused"
         );
+    }
+
+    #[test]
+    fn a_stream_cut_by_a_vanished_peer_is_evidence_against_it_but_its_own_answer_is_not() {
+        // Hyper reports a connection reset in the middle of a DoGet as `Cancelled`, no details.
+        let cut = tonic::Status::cancelled("operation was canceled");
+        let back = from_status_at(&cut, "reading s from 127.0.0.1:9", "127.0.0.1:9");
+        assert_eq!(back.kind, ErrorKind::Transport);
+        assert_eq!(back.peer.as_deref(), Some("127.0.0.1:9"));
+        assert_eq!(
+            back.message,
+            "reading s from 127.0.0.1:9: operation was canceled"
+        );
+        // The peer answered with a Sluice error (its task was cancelled): no evidence it is gone.
+        let answered = to_status(&sluice_runtime::error::sluice_error(
+            ErrorKind::Cancelled,
+            "job 1 cancelled",
+        ));
+        let back = from_status_at(&answered, "reading s", "127.0.0.1:9");
+        assert_eq!(back.kind, ErrorKind::Cancelled);
+        assert_eq!(back.peer, None);
+        // A plain refusal without details (not a connection failure) names no peer either.
+        let refused = tonic::Status::invalid_argument("bad ticket");
+        let back = from_status_at(&refused, "reading s", "127.0.0.1:9");
+        assert_eq!((back.kind, back.peer), (ErrorKind::User, None));
     }
 
     #[test]
