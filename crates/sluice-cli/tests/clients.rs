@@ -1,7 +1,8 @@
 //! `sluice server` with real clients: two servers over TPC-H SF 0.01 (the cluster under test with two
-//! worker processes, and local mode as the reference) and the Python suite in `tests/python` run
-//! through ADBC's Flight SQL driver, in a venv this test creates (pinned `requirements.txt`; pip
-//! reads the package registry the first time, later runs reuse the venv).
+//! worker processes, and local mode as the reference) and the Python suites in `tests/python` run
+//! through ADBC's Flight SQL driver and psycopg on the Postgres wire, in a venv this test creates
+//! (pinned `requirements.txt`; pip reads the package registry the first time, later runs reuse the
+//! venv); `psql` describes the tables.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -66,7 +67,7 @@ fn query_files() -> PathBuf {
 }
 
 #[test]
-fn adbc_sees_the_local_answers_through_a_two_worker_server() {
+fn adbc_psycopg_and_psql_see_the_local_answers_through_a_two_worker_server() {
     let python = python();
     let data = tpch_dir();
     let cluster = Server::start(&["--workers", "2"], data);
@@ -91,7 +92,11 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
     let output = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(Path::new(PYTHON_DIR).join("test_flight_sql.py"))
+        .arg(Path::new(PYTHON_DIR).join("test_postgres.py"))
         .env("SLUICE_FLIGHT_SQL", &cluster.url)
+        .env("SLUICE_PG", &cluster.pg)
+        .env("SLUICE_PG_LOCAL", &local.pg)
+        .env("SLUICE_PG_LOGIN", &guarded.pg)
         .env("SLUICE_FLIGHT_SQL_LOCAL", &local.url)
         .env("SLUICE_FLIGHT_SQL_LOGIN", &guarded.url)
         .env("SLUICE_TPCH_QUERIES", query_files())
@@ -104,8 +109,9 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("29 passed"), "{stdout}");
+    assert!(summary.starts_with("57 passed"), "{stdout}");
     assert_sql_connect_prints_what_local_prints(&cluster.url, data);
+    assert_psql_describes_the_tables(&cluster.pg);
     let stopping = cluster.stop();
     assert!(
         stopping.iter().any(|line| line == "sluice server: stopped"),
@@ -113,6 +119,74 @@ fn adbc_sees_the_local_answers_through_a_two_worker_server() {
     );
     local.stop();
     guarded.stop();
+}
+
+/// `psql -c '\dt'` lists the eight TPC-H tables and `psql -c '\d lineitem'` its sixteen columns
+/// with their types, through the cluster server's `pg_catalog`.
+fn assert_psql_describes_the_tables(address: &str) {
+    let (host, port) = address.rsplit_once(':').unwrap();
+    let psql = |command: &str| -> String {
+        let output = Command::new("psql")
+            .args([
+                "-h", host, "-p", port, "-U", "sluice", "-d", "sluice", "-X", "-c", command,
+            ])
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("psql is needed for the client tests (.ci/run installs postgresql-client)");
+        assert!(
+            output.status.success(),
+            "psql -c {command} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let tables = psql("\\dt");
+    let listed: Vec<&str> = tables
+        .lines()
+        .filter_map(|line| line.strip_prefix(" public | "))
+        .map(|rest| rest.split('|').next().unwrap().trim())
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier"
+        ],
+        "{tables}"
+    );
+    assert!(tables.contains("(8 rows)"), "{tables}");
+    let lineitem = psql("\\d lineitem");
+    assert!(lineitem.contains("Table \"public.lineitem\""), "{lineitem}");
+    let columns: Vec<(String, String)> = lineitem
+        .lines()
+        .filter(|line| line.starts_with(" l_"))
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            (cells[0].to_string(), cells[1].to_string())
+        })
+        .collect();
+    let want = [
+        ("l_orderkey", "bigint"),
+        ("l_partkey", "bigint"),
+        ("l_suppkey", "bigint"),
+        ("l_linenumber", "integer"),
+        ("l_quantity", "numeric"),
+        ("l_extendedprice", "numeric"),
+        ("l_discount", "numeric"),
+        ("l_tax", "numeric"),
+        ("l_returnflag", "text"),
+        ("l_linestatus", "text"),
+        ("l_shipdate", "date"),
+        ("l_commitdate", "date"),
+        ("l_receiptdate", "date"),
+        ("l_shipinstruct", "text"),
+        ("l_shipmode", "text"),
+        ("l_comment", "text"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(name, kind)| (name.to_string(), kind.to_string()))
+        .collect();
+    assert_eq!(columns, want, "{lineitem}");
 }
 
 /// `sluice sql --connect` prints the same results as `sluice sql` in this process, and a server

@@ -19,6 +19,7 @@ use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -289,6 +290,20 @@ impl SluiceSession {
         if !parameters.is_empty() {
             logical = logical.with_param_values(ParamValues::from(parameters))?;
         }
+        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let plan = frame.create_physical_plan().await?;
+        Ok(PlannedStatement::Plan { plan, sources })
+    }
+
+    /// Plans `logical`, the plan a front end made of `statement` with its own SQL front end (the
+    /// Postgres wire's, which rewrites `pg_catalog` idioms), parameters already bound: DDL and `SET`
+    /// take effect now, as in [`Self::plan`].
+    pub async fn plan_logical(
+        &self,
+        statement: &Statement,
+        logical: LogicalPlan,
+    ) -> Result<PlannedStatement> {
+        let sources = self.sources_read_by(statement);
         let frame = self.ctx.execute_logical_plan(logical).await?;
         let plan = frame.create_physical_plan().await?;
         Ok(PlannedStatement::Plan { plan, sources })

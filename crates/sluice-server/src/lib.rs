@@ -19,7 +19,9 @@
 
 pub mod client;
 pub mod metadata;
+pub mod postgres;
 pub mod queries;
+pub mod scram;
 pub mod server;
 pub mod service;
 pub mod sessions;
@@ -27,6 +29,7 @@ pub mod status;
 pub mod users;
 
 pub use client::{RemoteOutput, RemoteSession};
+pub use postgres::{PgEndpoint, PgOptions};
 pub use server::{FlightSqlEndpoint, FlightSqlOptions};
 pub use sessions::{SessionFactory, Sessions};
 /// The status type of every front-door error (tonic's).

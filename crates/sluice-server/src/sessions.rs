@@ -210,6 +210,17 @@ impl Sessions {
         self.len() == 0
     }
 
+    /// The accounts clients log in with (`None`: anyone, no password).
+    pub fn users(&self) -> Option<&Users> {
+        self.users.as_ref()
+    }
+
+    /// A new session forked from the base session, not filed under any token (a Postgres
+    /// connection holds its own).
+    pub async fn fork(&self) -> Result<SluiceSession> {
+        self.factory.open().await
+    }
+
     /// The base session the others fork.
     pub fn base(&self) -> &SluiceSession {
         self.factory.base()

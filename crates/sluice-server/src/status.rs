@@ -1,58 +1,142 @@
-//! The one mapping from Sluice's errors to gRPC status codes, used by every front-door call.
+//! The one classification of Sluice's errors for every front door: [`Failure::of`] says what kind of
+//! failure an error is, and each protocol turns that into its own code, gRPC status codes here
+//! ([`status_of`]) and SQLSTATEs on the Postgres wire ([`Failure::sqlstate`]).
 //!
 //! The message is the text local mode gives: the error's `Display` (the line `sluice sql` prints after
 //! `error: `), except that a DataFusion error keeps its own line breaks ("type_coercion\ncaused by\n…"),
-//! as a local session (and the SQL logic tests' expected errors) sees it. The code says what kind of
-//! failure it was:
+//! as a local session (and the SQL logic tests' expected errors) sees it.
 //!
-//! | failure                                   | code                |
-//! |-------------------------------------------|---------------------|
-//! | SQL syntax, planning, bad setting/request | `InvalidArgument`   |
-//! | unknown table                             | `NotFound`          |
-//! | memory pool exhausted                     | `ResourceExhausted` |
-//! | cancelled by the user                     | `Cancelled`         |
-//! | anything else (I/O, corrupt data, bugs)   | `Internal`          |
+//! | failure                                   | gRPC code           | SQLSTATE |
+//! |-------------------------------------------|---------------------|----------|
+//! | SQL syntax                                | `InvalidArgument`   | `42601`  |
+//! | unknown table                             | `NotFound`          | `42P01`  |
+//! | unknown column                            | `InvalidArgument`   | `42703`  |
+//! | other planning error                      | `InvalidArgument`   | `42000`  |
+//! | feature not supported                     | `InvalidArgument`   | `0A000`  |
+//! | bad setting or request                    | `InvalidArgument`   | `22023`  |
+//! | division by zero                          | `InvalidArgument`   | `22012`  |
+//! | memory pool exhausted                     | `ResourceExhausted` | `53200`  |
+//! | cancelled by the user                     | `Cancelled`         | `57014`  |
+//! | anything else (I/O, corrupt data, bugs)   | `Internal`          | `XX000`  |
 
+use datafusion::arrow::error::ArrowError;
 use datafusion::error::DataFusionError;
 use sluice_engine::SluiceError;
 use tonic::{Code, Status};
 
-/// The status a client gets for `error`.
-pub fn status_of(error: &SluiceError) -> Status {
-    let message = match error {
+/// What kind of failure an error is, as a client should see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The SQL text does not parse.
+    Syntax,
+    /// A table the statement names does not exist.
+    UnknownTable,
+    /// A column the statement names does not exist.
+    UnknownColumn,
+    /// Any other planning error (types, functions, ambiguous names).
+    Planning,
+    /// Valid SQL that the engine does not support.
+    NotSupported,
+    /// A bad setting or request.
+    InvalidArgument,
+    /// A division by zero while the query ran.
+    DivisionByZero,
+    /// The memory pool is exhausted.
+    ResourcesExhausted,
+    /// The user cancelled the statement.
+    Cancelled,
+    /// Anything else: I/O, corrupt data, a lost cluster, a bug.
+    Internal,
+}
+
+impl Failure {
+    /// The kind of `error`.
+    pub fn of(error: &SluiceError) -> Self {
+        match error {
+            SluiceError::Cancelled => Self::Cancelled,
+            SluiceError::Invalid(_) | SluiceError::Config { .. } => Self::InvalidArgument,
+            SluiceError::Table { .. } | SluiceError::Io { .. } | SluiceError::Arrow(_) => {
+                Self::Internal
+            }
+            SluiceError::DataFusion(error) => Self::of_datafusion(error),
+        }
+    }
+
+    /// The kind of a DataFusion error.
+    pub fn of_datafusion(error: &DataFusionError) -> Self {
+        match error.find_root() {
+            DataFusionError::SQL(..) => Self::Syntax,
+            DataFusionError::Plan(message) if is_unknown_table(message) => Self::UnknownTable,
+            DataFusionError::SchemaError(error, _)
+                if matches!(
+                    **error,
+                    datafusion::common::SchemaError::FieldNotFound { .. }
+                ) =>
+            {
+                Self::UnknownColumn
+            }
+            DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => Self::Planning,
+            DataFusionError::NotImplemented(_) => Self::NotSupported,
+            DataFusionError::Configuration(_) => Self::InvalidArgument,
+            DataFusionError::ArrowError(error, _)
+                if matches!(**error, ArrowError::DivideByZero) =>
+            {
+                Self::DivisionByZero
+            }
+            DataFusionError::ResourcesExhausted(_) => Self::ResourcesExhausted,
+            _ => Self::Internal,
+        }
+    }
+
+    /// The gRPC status code of this kind.
+    pub fn code(self) -> Code {
+        match self {
+            Self::UnknownTable => Code::NotFound,
+            Self::Syntax
+            | Self::UnknownColumn
+            | Self::Planning
+            | Self::NotSupported
+            | Self::InvalidArgument
+            | Self::DivisionByZero => Code::InvalidArgument,
+            Self::ResourcesExhausted => Code::ResourceExhausted,
+            Self::Cancelled => Code::Cancelled,
+            Self::Internal => Code::Internal,
+        }
+    }
+
+    /// The Postgres SQLSTATE of this kind.
+    pub fn sqlstate(self) -> &'static str {
+        match self {
+            Self::Syntax => "42601",
+            Self::UnknownTable => "42P01",
+            Self::UnknownColumn => "42703",
+            Self::Planning => "42000",
+            Self::NotSupported => "0A000",
+            Self::InvalidArgument => "22023",
+            Self::DivisionByZero => "22012",
+            Self::ResourcesExhausted => "53200",
+            Self::Cancelled => "57014",
+            Self::Internal => "XX000",
+        }
+    }
+}
+
+/// The text a client gets for `error`: what local mode prints, DataFusion's line breaks kept.
+pub fn message_of(error: &SluiceError) -> String {
+    match error {
         SluiceError::DataFusion(error) => error.strip_backtrace(),
         other => other.to_string(),
-    };
-    Status::new(code_of(error), message)
+    }
+}
+
+/// The status a client gets for `error`.
+pub fn status_of(error: &SluiceError) -> Status {
+    Status::new(Failure::of(error).code(), message_of(error))
 }
 
 /// The status for a DataFusion error raised while a result streams.
 pub fn status_of_datafusion(error: DataFusionError) -> Status {
     status_of(&SluiceError::from(error))
-}
-
-fn code_of(error: &SluiceError) -> Code {
-    match error {
-        SluiceError::Cancelled => Code::Cancelled,
-        SluiceError::Invalid(_) | SluiceError::Config { .. } => Code::InvalidArgument,
-        SluiceError::Table { .. } | SluiceError::Io { .. } | SluiceError::Arrow(_) => {
-            Code::Internal
-        }
-        SluiceError::DataFusion(error) => code_of_datafusion(error),
-    }
-}
-
-fn code_of_datafusion(error: &DataFusionError) -> Code {
-    match error.find_root() {
-        DataFusionError::Plan(message) if is_unknown_table(message) => Code::NotFound,
-        DataFusionError::SQL(..)
-        | DataFusionError::Plan(_)
-        | DataFusionError::SchemaError(..)
-        | DataFusionError::NotImplemented(_)
-        | DataFusionError::Configuration(_) => Code::InvalidArgument,
-        DataFusionError::ResourcesExhausted(_) => Code::ResourceExhausted,
-        _ => Code::Internal,
-    }
 }
 
 /// DataFusion's "table 'datafusion.public.x' not found".
@@ -117,6 +201,27 @@ mod tests {
             "{}",
             status.message()
         );
+    }
+
+    #[tokio::test]
+    async fn each_kind_has_its_sqlstate() {
+        let session = SluiceSession::new(
+            &SluiceConfig::default(),
+            Arc::new(sluice_runtime::LocalRunner),
+        )
+        .unwrap();
+        let kind = async |sql: &str| Failure::of(&session.run_sql(sql).await.unwrap_err());
+        assert_eq!(kind("selec 1").await.sqlstate(), "42601");
+        assert_eq!(kind("select * from nope").await.sqlstate(), "42P01");
+        assert_eq!(kind("select nope").await.sqlstate(), "42703");
+        assert_eq!(kind("select 1 + 'a'").await.sqlstate(), "42000");
+        assert_eq!(kind("select 1 / 0").await.sqlstate(), "22012");
+        assert_eq!(kind("set datafusion.nope = 1").await.sqlstate(), "22023");
+        let exhausted = DataFusionError::ResourcesExhausted("pool".into());
+        assert_eq!(Failure::of(&exhausted.into()).sqlstate(), "53200");
+        assert_eq!(Failure::of(&SluiceError::Cancelled).sqlstate(), "57014");
+        let io = DataFusionError::Execution("disk on fire".into());
+        assert_eq!(Failure::of(&io.into()).sqlstate(), "XX000");
     }
 
     #[test]

@@ -36,7 +36,7 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
-fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
+pub(crate) fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
     // HMAC takes keys of any length, so this cannot fail.
     let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(key) {
         Ok(mac) => mac,
@@ -80,6 +80,26 @@ impl Verifier {
     pub fn check(&self, password: &str) -> bool {
         let salted = salted_password(password, &self.salt, self.iterations);
         stored_key(&salted).ct_eq(&self.stored_key).into()
+    }
+
+    /// The PBKDF2 rounds.
+    pub(crate) fn iterations(&self) -> u32 {
+        self.iterations
+    }
+
+    /// The salt.
+    pub(crate) fn salt(&self) -> &[u8] {
+        &self.salt
+    }
+
+    /// SHA-256(HMAC(SaltedPassword, "Client Key")).
+    pub(crate) fn stored_key(&self) -> &[u8; 32] {
+        &self.stored_key
+    }
+
+    /// HMAC(SaltedPassword, "Server Key").
+    pub(crate) fn server_key(&self) -> &[u8; 32] {
+        &self.server_key
     }
 
     /// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`.
@@ -185,6 +205,15 @@ impl Users {
                 }
                 false
             }
+        }
+    }
+
+    /// The verifier a SCRAM exchange for `user` runs against, and whether the user exists: an
+    /// unknown user gets the decoy, so the exchange looks and costs the same until it fails.
+    pub fn verifier(&self, user: &str) -> Option<(&Verifier, bool)> {
+        match self.by_name.get(user) {
+            Some(verifier) => Some((verifier, true)),
+            None => self.decoy.as_ref().map(|decoy| (decoy, false)),
         }
     }
 

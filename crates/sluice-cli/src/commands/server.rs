@@ -1,4 +1,5 @@
-//! `sluice server`: the driver as a long-running server with an Arrow Flight SQL endpoint.
+//! `sluice server`: the driver as a long-running server with an Arrow Flight SQL endpoint and a
+//! Postgres wire endpoint.
 //!
 //! Start: tables from `--data` / `--table` (one whose files cannot be read is reported and left out;
 //! it never stops the server), the cluster of the configured mode (`cluster` with 2 worker processes
@@ -13,9 +14,12 @@ use std::time::Duration;
 use clap::Args;
 use sluice_engine::catalog::{TableSource, discover_tables, parse_table_arg};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
+use sluice_server::postgres::DEFAULT_PG_LISTEN;
 use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
 use sluice_server::users::{Users, Verifier};
-use sluice_server::{FlightSqlEndpoint, FlightSqlOptions, SessionFactory, Sessions};
+use sluice_server::{
+    FlightSqlEndpoint, FlightSqlOptions, PgEndpoint, PgOptions, SessionFactory, Sessions,
+};
 use tokio::runtime::Runtime;
 
 use crate::commands::sql::TableArgs;
@@ -32,6 +36,9 @@ pub struct ServerArgs {
     /// Where the Arrow Flight SQL endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_FLIGHT_SQL_LISTEN)]
     pub flight_sql_listen: String,
+    /// Where the Postgres wire endpoint listens (port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_PG_LISTEN)]
+    pub pg_listen: String,
     /// User accounts, one `name:verifier` line each (`sluice hash-password` prints a verifier):
     /// every client must log in. Without it anyone on this machine may connect.
     #[arg(long, value_name = "FILE")]
@@ -67,6 +74,13 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     }
     let accounts = users.as_ref().map_or(0, Users::len);
     let sessions = Arc::new(Sessions::with_users(SessionFactory::new(base), users).await?);
+    let postgres = PgEndpoint::start(
+        sessions.clone(),
+        &PgOptions {
+            listen: args.pg_listen.clone(),
+        },
+    )
+    .await?;
     let endpoint = FlightSqlEndpoint::start(
         sessions,
         &FlightSqlOptions {
@@ -80,6 +94,10 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         "no login".to_string()
     };
     eprintln!(
+        "sluice server: Postgres on postgres://{} ({login})",
+        postgres.address()
+    );
+    eprintln!(
         "sluice server: Flight SQL on grpc://{} ({} mode, {} tables, {login})",
         endpoint.address(),
         runner.mode_name(),
@@ -90,10 +108,8 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         "sluice server: {signal}: stopping (running calls get {} s)",
         STOP_GRACE.as_secs()
     );
-    if tokio::time::timeout(STOP_GRACE, endpoint.stop())
-        .await
-        .is_err()
-    {
+    let stopping = async { tokio::join!(endpoint.stop(), postgres.stop()) };
+    if tokio::time::timeout(STOP_GRACE, stopping).await.is_err() {
         eprintln!("sluice server: calls still running after the grace period were cut off");
     }
     eprintln!("sluice server: stopped");

@@ -50,6 +50,8 @@ pub fn tpch_dir() -> &'static Path {
 pub struct Server {
     child: Child,
     pub url: String,
+    /// `host:port` of its Postgres endpoint.
+    pub pg: String,
     /// What it printed up to its Flight SQL line (included).
     pub started: Vec<String>,
     lines: mpsc::Receiver<String>,
@@ -76,6 +78,7 @@ impl Server {
         command
             .args(flags)
             .args(["server", "--flight-sql-listen", "127.0.0.1:0"])
+            .args(["--pg-listen", "127.0.0.1:0"])
             .args(server_flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -102,9 +105,16 @@ impl Server {
             seen.push(line.clone());
             if let Some(rest) = line.strip_prefix("sluice server: Flight SQL on ") {
                 let url = rest.split_whitespace().next().unwrap().to_string();
+                let pg = seen
+                    .iter()
+                    .find_map(|l| l.strip_prefix("sluice server: Postgres on postgres://"))
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .unwrap_or_else(|| panic!("no Postgres line from the server: {seen:?}"))
+                    .to_string();
                 return Server {
                     child,
                     url,
+                    pg,
                     started: seen,
                     lines,
                     reader: Some(reader),

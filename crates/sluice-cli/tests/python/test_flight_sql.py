@@ -1,4 +1,5 @@
-"""`sluice server` through ADBC's Flight SQL driver (DBAPI), the way a Python user reaches it.
+"""`sluice server` through ADBC's Flight SQL driver (DBAPI), the way a Python user reaches it; the
+fifty-client test mixes ADBC and psycopg clients.
 
 Run by tests/clients.rs, which starts two servers over the same TPC-H data: SLUICE_FLIGHT_SQL (the
 cluster under test, two worker processes) and SLUICE_FLIGHT_SQL_LOCAL (local mode, the reference).
@@ -7,52 +8,28 @@ lines holding only ';'.
 """
 
 import concurrent.futures
-import json
 import os
-import pathlib
 import threading
-import time
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
-import pyarrow.flight
 import pytest
 
-QUERIES = pathlib.Path(os.environ["SLUICE_TPCH_QUERIES"])
-
-
-CLUSTER_URL = os.environ["SLUICE_FLIGHT_SQL"]
-
+import test_postgres
+from common import (
+    CLUSTER_URL,
+    LONG_QUERY,
+    holds_no_work,
+    query_index,
+    server_state,
+    statements_of,
+    tasks_running,
+    wait_until,
+    workers_busy,
+)
 
 def connect(url):
     return flight_sql.connect(url, autocommit=True)
-
-
-def server_state(url=CLUSTER_URL):
-    """The server's `sluice.state` action: sessions, statements, the driver's jobs, each worker."""
-    client = pyarrow.flight.FlightClient(url)
-    try:
-        [result] = list(client.do_action(pyarrow.flight.Action("sluice.state", b"")))
-        return json.loads(result.body.to_pybytes())
-    finally:
-        client.close()
-
-
-def tasks_running(state):
-    return state["driver"]["running_tasks"] + sum(
-        w["running_tasks"] + w["live_attempts"] for w in state["workers"]
-    )
-
-
-def wait_until(condition, seconds, what):
-    """Polls the server state until `condition(state)`; returns the seconds it took."""
-    start = time.monotonic()
-    while True:
-        state = server_state()
-        if condition(state):
-            return time.monotonic() - start
-        assert time.monotonic() - start < seconds, f"{what} after {seconds} s: {state}"
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -77,19 +54,14 @@ def run(conn, statements):
     return result
 
 
-def statements_of(number):
-    text = (QUERIES / f"q{number:02}.sql").read_text()
-    return [s.strip() for s in text.split("\n;\n") if s.strip()]
-
-
 @pytest.mark.parametrize("number", range(1, 23))
 def test_tpch_query_equals_local_mode(cluster, local, number):
     statements = statements_of(number)
     # q15 creates a view, queries it and drops it: take the query's result.
-    query_index = next(i for i, s in enumerate(statements) if s.lower().lstrip().startswith(("select", "with")))
-    got = run(cluster, statements[: query_index + 1])
-    want = run(local, statements[: query_index + 1])
-    for statement in statements[query_index + 1 :]:
+    index = query_index(statements)
+    got = run(cluster, statements[: index + 1])
+    want = run(local, statements[: index + 1])
+    for statement in statements[index + 1 :]:
         run(cluster, [statement])
         run(local, [statement])
     assert got.schema == want.schema
@@ -149,12 +121,6 @@ def test_an_unknown_table_is_not_found(cluster):
     assert "table 'datafusion.public.no_such_table' not found" in str(error)
 
 
-# Minutes of work in many short steps: 5 billion rows through a shuffle into a distinct count (a
-# nested-loop join would not do: DataFusion checks for cancellation between its batches, and one
-# batch of a non-matching join filter can take seconds).
-LONG_QUERY = "select count(distinct value % 1000003) from generate_series(1, 5000000000)"
-
-
 def test_cancelling_a_long_query_stops_every_worker_task_within_a_second():
     assert server_state()["mode"] == "cluster"
     with connect(CLUSTER_URL) as conn:
@@ -170,7 +136,7 @@ def test_cancelling_a_long_query_stops_every_worker_task_within_a_second():
 
         thread = threading.Thread(target=run)
         thread.start()
-        wait_until(lambda s: sum(w["running_tasks"] for w in s["workers"][1:]) > 0, 30, "no worker task ran")
+        wait_until(workers_busy, 30, "no worker task ran")
         cur.adbc_cancel()
         took = wait_until(lambda s: tasks_running(s) == 0 and s["driver"]["jobs"] == 0, 1.0, "tasks still ran")
         thread.join(10)
@@ -181,36 +147,45 @@ def test_cancelling_a_long_query_stops_every_worker_task_within_a_second():
     print(f"idle {took:.3f} s after the cancel")
 
 
-def test_fifty_concurrent_clients_get_the_local_answers_and_leave_nothing_behind(local):
+def test_fifty_concurrent_clients_of_both_protocols_get_the_local_answers_and_leave_nothing_behind(local):
     numbers = list(range(1, 23))
     expected = {n: run(local, statements_of(n)) for n in numbers}
+    with test_postgres.connect(test_postgres.LOCAL) as conn:
+        expected_pg = {n: test_postgres.run(conn, statements_of(n))[1] for n in numbers}
     sessions_before = server_state()["sessions"]
 
-    def client(index):
+    def flight_sql_client(index):
         # Each client logs in (any name on a server without accounts), so it has a session of its
         # own: q15's view is created and dropped in each client's session without colliding.
         credentials = {"username": f"client{index}", "password": ""}
         with flight_sql.connect(CLUSTER_URL, db_kwargs=credentials, autocommit=True) as conn:
-            wrong = []
-            for k in range(10):
-                number = numbers[(index * 10 + k) % len(numbers)]
-                if not run(conn, statements_of(number)).equals(expected[number]):
-                    wrong.append(number)
-            return wrong
+            return [
+                number
+                for number in client_queries(index)
+                if not run(conn, statements_of(number)).equals(expected[number])
+            ]
+
+    def postgres_client(index):
+        # A Postgres connection is a session of its own too.
+        with test_postgres.connect(test_postgres.CLUSTER, user=f"client{index}") as conn:
+            return [
+                number
+                for number in client_queries(index)
+                if test_postgres.run(conn, statements_of(number))[1] != expected_pg[number]
+            ]
+
+    def client_queries(index):
+        return [numbers[(index * 10 + k) % len(numbers)] for k in range(10)]
+
+    def client(index):
+        return (flight_sql_client if index % 2 == 0 else postgres_client)(index)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
         results = list(pool.map(client, range(50)))
     assert [r for r in results if r] == []
-    assert server_state()["sessions"] == sessions_before + 50
+    assert server_state()["sessions"] == sessions_before + 25
     # Cleanup after a job ends is asynchronous (stream releases, CleanUpJob): give it a moment.
-    wait_until(
-        lambda s: s["driver"]["jobs"] == 0
-        and tasks_running(s) == 0
-        and s["pending_statements"] == 0
-        and all(w["stream_outputs"] == 0 and w["memory_used"] == 0 for w in s["workers"]),
-        5.0,
-        "the server still holds work",
-    )
+    wait_until(holds_no_work, 5.0, "the server still holds work")
 
 
 def test_wrong_or_missing_credentials_are_refused():
