@@ -1,8 +1,10 @@
 //! Statements between planning and fetching: `GetFlightInfo` plans a statement and files it under a
-//! handle; `DoGet` with that handle's ticket takes it out and runs it. Prepared statements stay until
-//! closed, with the parameters last bound to them.
+//! handle; `DoGet` with that handle's ticket takes it out and runs it, listed as running until its
+//! stream is dropped, so that `CancelFlightInfo` can end it (or drop it before it runs). Prepared
+//! statements stay until closed, with the parameters last bound to them.
 //!
 //! Invariants:
+//! - A cancel is honoured only for the session that owns the statement.
 //! - A handle is used by the session that made it, and a planned statement is run at most once.
 //! - Planned statements nobody fetched are dropped after [`PENDING_TTL`] (checked whenever one is
 //!   filed), so abandoned `GetFlightInfo` calls do not pile up.
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::ScalarValue;
 use sluice_engine::{PlannedStatement, SluiceSession};
+use tokio::sync::watch;
 use tonic::Status;
 
 use crate::sessions::SessionKey;
@@ -85,6 +88,48 @@ pub struct Queries {
     next: AtomicU64,
     pending: Mutex<HashMap<QueryHandle, Pending>>,
     prepared: Mutex<HashMap<QueryHandle, PreparedEntry>>,
+    running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
+}
+
+struct RunningEntry {
+    owner: SessionKey,
+    cancel: watch::Sender<bool>,
+}
+
+/// What [`Queries::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The statement had not started: it never will.
+    BeforeItRan,
+    /// The statement was running: its stream ends now, and its job with it.
+    WhileRunning,
+}
+
+/// A statement listed as running; dropping it (with its stream) unlists it.
+pub struct Running {
+    handle: QueryHandle,
+    cancelled: watch::Receiver<bool>,
+    running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
+}
+
+impl Running {
+    /// Resolves when the statement is cancelled; it holds the listing until then or until dropped.
+    pub async fn cancelled(mut self) {
+        if self
+            .cancelled
+            .wait_for(|cancelled| *cancelled)
+            .await
+            .is_err()
+        {
+            futures::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        lock(&self.running).remove(&self.handle);
+    }
 }
 
 impl std::fmt::Debug for Queries {
@@ -143,6 +188,48 @@ impl Queries {
             .remove(&handle)
             .ok_or_else(|| Status::internal("lost a statement"))?;
         Ok((entry.session, entry.planned))
+    }
+
+    /// Lists the statement `handle`, just taken by `owner`, as running.
+    pub fn start(&self, handle: QueryHandle, owner: SessionKey) -> Running {
+        let (cancel, cancelled) = watch::channel(false);
+        lock(&self.running).insert(handle, RunningEntry { owner, cancel });
+        Running {
+            handle,
+            cancelled,
+            running: self.running.clone(),
+        }
+    }
+
+    /// Cancels the statement `handle` of `owner`: drops it if it has not run, ends it if it runs.
+    pub fn cancel(&self, handle: QueryHandle, owner: &SessionKey) -> Result<Cancelled, Status> {
+        let stranger = || Status::permission_denied(format!("{handle} belongs to another session"));
+        {
+            let mut pending = lock(&self.pending);
+            if let Some(entry) = pending.get(&handle) {
+                if &entry.owner != owner {
+                    return Err(stranger());
+                }
+                pending.remove(&handle);
+                return Ok(Cancelled::BeforeItRan);
+            }
+        }
+        let running = lock(&self.running);
+        match running.get(&handle) {
+            Some(entry) if &entry.owner == owner => {
+                entry.cancel.send_replace(true);
+                Ok(Cancelled::WhileRunning)
+            }
+            Some(_) => Err(stranger()),
+            None => Err(Status::not_found(format!(
+                "{handle} is unknown or already finished"
+            ))),
+        }
+    }
+
+    /// Statements running now (their stream not dropped yet).
+    pub fn running_count(&self) -> usize {
+        lock(&self.running).len()
     }
 
     /// Statements planned and not fetched yet.
@@ -271,6 +358,65 @@ mod tests {
         let again = queries.take(handle, &owner).unwrap_err();
         assert_eq!(again.code(), tonic::Code::NotFound);
         assert_eq!(queries.pending_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_drops_a_waiting_statement_and_ends_a_running_one_of_its_session_only() {
+        let session = Arc::new(
+            SluiceSession::new(
+                &SluiceConfig::default(),
+                Arc::new(sluice_runtime::LocalRunner),
+            )
+            .unwrap(),
+        );
+        let queries = Queries::default();
+        let owner = SessionKey::Opened(SessionId(1));
+        let waiting = queries.file(owner.clone(), session.clone(), planned(&session).await);
+        assert_eq!(
+            queries
+                .cancel(waiting, &SessionKey::Anonymous)
+                .unwrap_err()
+                .code(),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(
+            queries.cancel(waiting, &owner).unwrap(),
+            Cancelled::BeforeItRan
+        );
+        assert_eq!(
+            queries.take(waiting, &owner).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+
+        let handle = queries.file(owner.clone(), session.clone(), planned(&session).await);
+        queries.take(handle, &owner).unwrap();
+        let running = queries.start(handle, owner.clone());
+        assert_eq!(queries.running_count(), 1);
+        assert_eq!(
+            queries
+                .cancel(handle, &SessionKey::Anonymous)
+                .unwrap_err()
+                .code(),
+            tonic::Code::PermissionDenied
+        );
+        let signal = tokio::spawn(running.cancelled());
+        assert_eq!(
+            queries.cancel(handle, &owner).unwrap(),
+            Cancelled::WhileRunning
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(5), signal)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            queries.running_count(),
+            0,
+            "a finished statement is unlisted"
+        );
+        assert_eq!(
+            queries.cancel(handle, &owner).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
     }
 
     #[test]

@@ -102,6 +102,11 @@ impl FlightSqlEndpoint {
         self.queries.pending_count()
     }
 
+    /// Statements whose `DoGet` is streaming now.
+    pub fn running_statements(&self) -> usize {
+        self.queries.running_count()
+    }
+
     /// The sessions it serves.
     pub fn sessions(&self) -> &Arc<Sessions> {
         &self.sessions

@@ -14,6 +14,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Schema};
@@ -26,24 +27,26 @@ use arrow_flight::sql::metadata::{SqlInfoData, XdbcTypeInfoData};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, CommandGetCatalogs, CommandGetDbSchemas,
+    ActionCreatePreparedStatementResult, Command, CommandGetCatalogs, CommandGetDbSchemas,
     CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandGetXdbcTypeInfo,
     CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
     CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
     TicketStatementQuery,
 };
 use arrow_flight::{
-    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
-    SchemaAsIpc, Ticket,
+    CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
+    FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
+    Ticket,
 };
 use base64::Engine;
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
-use futures::{Stream, TryStreamExt, stream};
+use futures::{FutureExt, Stream, TryStreamExt, stream};
 use prost::Message;
 use sluice_engine::{PlannedStatement, SluiceError, SluiceSession, SluiceStatement};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::cancellable::UntilCancelled;
 use crate::metadata;
 use crate::queries::{Queries, QueryHandle};
 use crate::sessions::Sessions;
@@ -53,6 +56,9 @@ type DoGetStream = <SluiceFlightSql as FlightService>::DoGetStream;
 
 /// The action that returns [`SluiceFlightSql::state_json`].
 pub const STATE_ACTION: &str = "sluice.state";
+
+/// Flight's action that cancels the statement of a `FlightInfo`.
+pub const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
 
 /// The Flight SQL service of `sluice server`.
 pub struct SluiceFlightSql {
@@ -120,10 +126,50 @@ impl SluiceFlightSql {
             "mode": self.sessions.base().runner().mode_name(),
             "sessions": self.sessions.len(),
             "pending_statements": self.queries.pending_count(),
+            "running_statements": self.queries.running_count(),
+            "postgres_connections": self.sessions.postgres_connections().load(Ordering::Relaxed),
             "driver": driver,
             "workers": workers,
         })
         .to_string())
+    }
+
+    /// `CancelFlightInfo`: the statement of the FlightInfo in `body` is dropped if it has not run
+    /// and ended (its job cancelled on every worker) if it runs.
+    fn cancel_flight_info(
+        &self,
+        body: &[u8],
+        key: &crate::sessions::SessionKey,
+    ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
+        let request = CancelFlightInfoRequest::decode(body)
+            .map_err(|e| Status::invalid_argument(format!("not a CancelFlightInfoRequest: {e}")))?;
+        let ticket = request
+            .info
+            .and_then(|info| info.endpoint.into_iter().next())
+            .and_then(|endpoint| endpoint.ticket)
+            .ok_or_else(|| Status::invalid_argument("the FlightInfo to cancel has no ticket"))?;
+        let command = Command::try_from(
+            arrow_flight::sql::Any::decode(ticket.ticket.as_ref())
+                .map_err(|e| Status::invalid_argument(format!("not a statement ticket: {e}")))?,
+        )
+        .map_err(|e| Status::invalid_argument(format!("not a statement ticket: {e}")))?;
+        let Command::TicketStatementQuery(statement) = command else {
+            return Err(Status::invalid_argument(
+                "only statements can be cancelled (metadata answers at once)",
+            ));
+        };
+        let handle = QueryHandle::from_bytes(&statement.statement_handle)?;
+        self.queries.cancel(handle, key)?;
+        let result = arrow_flight::Result {
+            body: CancelFlightInfoResult {
+                status: CancelStatus::Cancelled as i32,
+            }
+            .encode_to_vec()
+            .into(),
+        };
+        Ok(Response::new(Box::pin(stream::once(
+            async move { Ok(result) },
+        ))))
     }
 
     /// Files the statement `planned` plans; the FlightInfo's ticket fetches it.
@@ -359,8 +405,14 @@ impl FlightSqlService for SluiceFlightSql {
         let (key, _) = self.sessions.of_request(&request)?;
         let handle = QueryHandle::from_bytes(&ticket.statement_handle)?;
         let (session, planned) = self.queries.take(handle, &key)?;
+        let running = self.queries.start(handle, key);
         let stream = session.run(planned).map_err(|e| status_of(&e))?;
-        Ok(Response::new(encode(stream)))
+        let ended = Status::cancelled(format!("{handle} was cancelled (CancelFlightInfo)"));
+        Ok(Response::new(Box::pin(UntilCancelled::new(
+            encode(stream),
+            running.cancelled().boxed(),
+            ended,
+        ))))
     }
 
     async fn do_put_statement_update(
@@ -568,8 +620,11 @@ impl FlightSqlService for SluiceFlightSql {
         &self,
         request: Request<arrow_flight::Action>,
     ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
-        self.sessions.of_request(&request)?;
+        let (key, _) = self.sessions.of_request(&request)?;
         let kind = request.get_ref().r#type.clone();
+        if kind == CANCEL_FLIGHT_INFO {
+            return self.cancel_flight_info(&request.get_ref().body, &key);
+        }
         if kind != STATE_ACTION {
             return Err(Status::invalid_argument(format!(
                 "unknown action '{kind}' (this server's own: '{STATE_ACTION}')"

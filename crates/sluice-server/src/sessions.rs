@@ -11,7 +11,7 @@
 //!   whenever a session opens); its token is then refused like an unknown one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -82,6 +82,8 @@ pub struct Sessions {
     anonymous: Arc<SluiceSession>,
     next: AtomicU64,
     opened: Mutex<HashMap<SessionId, Opened>>,
+    /// Postgres connections open now (each holds a session of its own, outside `opened`).
+    postgres_connections: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -108,6 +110,7 @@ impl Sessions {
             anonymous,
             next: AtomicU64::new(1),
             opened: Mutex::new(HashMap::new()),
+            postgres_connections: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -208,6 +211,11 @@ impl Sessions {
     /// Whether no handshake opened a session yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The count of open Postgres connections (kept by the Postgres endpoint).
+    pub fn postgres_connections(&self) -> &Arc<AtomicUsize> {
+        &self.postgres_connections
     }
 
     /// The accounts clients log in with (`None`: anyone, no password).

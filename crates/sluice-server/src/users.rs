@@ -150,6 +150,9 @@ pub struct Users {
     by_name: HashMap<String, Verifier>,
     /// Checked for unknown users, so they take as long as known ones.
     decoy: Option<Verifier>,
+    /// Makes each unknown user's SCRAM salt (random per process, so salts cannot be compared
+    /// across servers or runs).
+    decoy_key: [u8; 32],
 }
 
 impl Users {
@@ -192,7 +195,13 @@ impl Users {
             .max()
             .unwrap_or(DEFAULT_ITERATIONS);
         let decoy = Some(Verifier::new("", b"sluice-decoy-salt", iterations));
-        Ok(Self { by_name, decoy })
+        let mut decoy_key = [0u8; 32];
+        getrandom::fill(&mut decoy_key).map_err(|e| format!("cannot make a decoy key: {e}"))?;
+        Ok(Self {
+            by_name,
+            decoy,
+            decoy_key,
+        })
     }
 
     /// Whether `user` exists and `password` is theirs.
@@ -209,12 +218,23 @@ impl Users {
     }
 
     /// The verifier a SCRAM exchange for `user` runs against, and whether the user exists: an
-    /// unknown user gets the decoy, so the exchange looks and costs the same until it fails.
-    pub fn verifier(&self, user: &str) -> Option<(&Verifier, bool)> {
-        match self.by_name.get(user) {
-            Some(verifier) => Some((verifier, true)),
-            None => self.decoy.as_ref().map(|decoy| (decoy, false)),
+    /// unknown user gets a decoy with a salt of its own (the same on every try, as a real account's
+    /// is) and the real accounts' iteration count, so the exchange looks the same until it fails.
+    pub fn verifier(&self, user: &str) -> Option<(Verifier, bool)> {
+        if let Some(verifier) = self.by_name.get(user) {
+            return Some((verifier.clone(), true));
         }
+        let decoy = self.decoy.as_ref()?;
+        let salt = hmac(&self.decoy_key, user.as_bytes());
+        Some((
+            Verifier {
+                iterations: decoy.iterations,
+                salt: salt[..16].to_vec(),
+                stored_key: hmac(&salt, b"stored"),
+                server_key: hmac(&salt, b"server"),
+            },
+            false,
+        ))
     }
 
     /// How many accounts there are.
@@ -284,5 +304,13 @@ mod tests {
             "line 1: expected SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>"
         );
         assert_eq!(Users::parse("# nobody\n").unwrap_err(), "no users");
+        // Unknown users get salts of their own, stable across tries, and the accounts' rounds.
+        let (carol, known) = users.verifier("carol").unwrap();
+        let (dave, _) = users.verifier("dave").unwrap();
+        assert!(!known);
+        assert_ne!(carol.salt(), dave.salt());
+        assert_eq!(users.verifier("carol").unwrap().0, carol);
+        assert_eq!(carol.iterations(), 16);
+        assert!(users.verifier("ann").unwrap().1);
     }
 }

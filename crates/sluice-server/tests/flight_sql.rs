@@ -309,3 +309,69 @@ async fn only_loopback_addresses_serve_until_the_front_door_has_tls() {
         "{text}"
     );
 }
+
+/// `CancelFlightInfo` for `info`, and the status it answers.
+async fn cancel_flight_info(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: &FlightInfo,
+) -> i32 {
+    use arrow_flight::{Action, CancelFlightInfoRequest, CancelFlightInfoResult};
+    use prost::Message;
+    let request = CancelFlightInfoRequest {
+        info: Some(info.clone()),
+    };
+    let action = Action::new("CancelFlightInfo", request.encode_to_vec());
+    let mut results = client.do_action(action).await.unwrap();
+    let result = results.message().await.unwrap().unwrap();
+    CancelFlightInfoResult::decode(result.body).unwrap().status
+}
+
+#[tokio::test]
+async fn cancel_flight_info_ends_a_running_statement_and_drops_a_waiting_one() {
+    use arrow_flight::CancelStatus;
+    let server = server().await;
+    let mut client = client(&server).await;
+    // Minutes of work that returns nothing until it is done.
+    let long = "select count(distinct value % 1000003) from generate_series(1, 5000000000)";
+    let info = client.execute(long.to_string(), None).await.unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut fetcher = client.clone();
+    let fetching = tokio::spawn(async move {
+        let stream = fetcher.do_get(ticket).await?;
+        stream.try_collect::<Vec<_>>().await
+    });
+    let started = std::time::Instant::now();
+    while server.endpoint.running_statements() == 0 {
+        assert!(started.elapsed().as_secs() < 30, "the statement never ran");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        cancel_flight_info(&mut client, &info).await,
+        CancelStatus::Cancelled as i32
+    );
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), fetching)
+        .await
+        .expect("the cancelled DoGet ended")
+        .unwrap()
+        .unwrap_err();
+    let status = status_of(ended);
+    assert_eq!(status.code(), tonic::Code::Cancelled, "{status}");
+    assert!(
+        status
+            .message()
+            .ends_with("was cancelled (CancelFlightInfo)"),
+        "{status}"
+    );
+    assert_eq!(server.endpoint.running_statements(), 0);
+
+    // A statement cancelled before its DoGet never runs.
+    let waiting = client.execute("select 1".to_string(), None).await.unwrap();
+    assert_eq!(
+        cancel_flight_info(&mut client, &waiting).await,
+        CancelStatus::Cancelled as i32
+    );
+    let ticket = waiting.endpoint[0].ticket.clone().unwrap();
+    let refused = status_of(client.do_get(ticket).await.unwrap_err());
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused}");
+    assert_eq!(server.endpoint.pending_statements(), 0);
+}

@@ -47,6 +47,7 @@ def holds_no_work(state):
         state["driver"]["jobs"] == 0
         and tasks_running(state) == 0
         and state["pending_statements"] == 0
+        and state["running_statements"] == 0
         and all(w["stream_outputs"] == 0 and w["memory_used"] == 0 for w in state["workers"])
     )
 

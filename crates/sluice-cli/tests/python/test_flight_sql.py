@@ -184,8 +184,13 @@ def test_fifty_concurrent_clients_of_both_protocols_get_the_local_answers_and_le
         results = list(pool.map(client, range(50)))
     assert [r for r in results if r] == []
     assert server_state()["sessions"] == sessions_before + 25
-    # Cleanup after a job ends is asynchronous (stream releases, CleanUpJob): give it a moment.
-    wait_until(holds_no_work, 5.0, "the server still holds work")
+    # Cleanup after a job ends is asynchronous (stream releases, CleanUpJob, a closed socket's
+    # connection task): give it a moment.
+    wait_until(
+        lambda s: holds_no_work(s) and s["postgres_connections"] == 0,
+        5.0,
+        "the server still holds work or connections",
+    )
 
 
 def test_wrong_or_missing_credentials_are_refused():

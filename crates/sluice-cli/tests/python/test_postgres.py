@@ -5,9 +5,12 @@ endpoint SLUICE_FLIGHT_SQL reports its state), SLUICE_PG_LOCAL the same tables i
 reference, through the same wire), SLUICE_PG_LOGIN a server with one account, ann / s3cret.
 """
 
+import base64
 import datetime
 import decimal
 import os
+import socket
+import struct
 import threading
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -157,10 +160,13 @@ def test_values_keep_their_types():
 def test_a_session_keeps_its_settings_views_and_tables_to_itself():
     with connect(CLUSTER) as one, connect(CLUSTER) as other:
         run(one, ["create view mine as select 41 + 1 as answer"])
+        run(one, ["create table kept as select n_name from nation where n_nationkey < 3"])
         assert run(one, ["select * from mine"]) == (["answer"], [(42,)])
-        with pytest.raises(psycopg.Error) as caught:
-            run(other, ["select * from mine"])
-        assert caught.value.sqlstate == "42P01"
+        assert run(one, ["select count(*) as n from kept"]) == (["n"], [(3,)])
+        for name in ["mine", "kept"]:
+            with pytest.raises(psycopg.Error) as caught:
+                run(other, [f"select * from {name}"])
+            assert caught.value.sqlstate == "42P01", name
         run(one, ["set datafusion.execution.batch_size = 123"])
         assert run(one, ["show datafusion.execution.batch_size"])[1] == [
             ("datafusion.execution.batch_size", "123")
@@ -168,6 +174,35 @@ def test_a_session_keeps_its_settings_views_and_tables_to_itself():
         assert run(other, ["show datafusion.execution.batch_size"])[1] == [
             ("datafusion.execution.batch_size", "8192")
         ]
+
+
+def test_the_statements_of_one_query_string_run_in_order(cluster):
+    run(cluster, ["create table counted as select 1 as a"])
+    with cluster.cursor() as cur:
+        # No parameters: psycopg sends the three as one simple query.
+        cur.execute("select count(*) from counted; insert into counted values (2); select count(*) from counted")
+        assert cur.fetchall() == [(1,)], "the first count does not see the later insert"
+        assert cur.nextset()
+        assert cur.rowcount == 1
+        assert cur.nextset()
+        assert cur.fetchall() == [(2,)]
+    run(cluster, ["drop table counted"])
+
+
+def test_a_write_inside_a_transaction_is_refused_but_reads_run():
+    host, port = CLUSTER.rsplit(":", 1)
+    with psycopg.connect(host=host, port=port, user="sluice", dbname="sluice") as conn:
+        assert not conn.autocommit
+        with conn.cursor() as cur:
+            cur.execute("select count(*) from nation")
+            assert cur.fetchall() == [(25,)]
+            with pytest.raises(psycopg.errors.FeatureNotSupported) as caught:
+                cur.execute("create view not_made as select 1 as a")
+        assert caught.value.sqlstate == "0A000"
+        assert "cannot take a write inside BEGIN" in caught.value.diag.message_primary
+        conn.rollback()
+        conn.autocommit = True
+        assert run(conn, ["create view made as select 1 as a", "select * from made"]) == (["a"], [(1,)])
 
 
 def test_cancelling_a_long_query_stops_every_worker_task_within_a_second():
@@ -214,3 +249,51 @@ def test_wrong_or_missing_credentials_are_refused():
         )
     with connect(address, user="ann", password="s3cret") as conn:
         assert run(conn, ["select 1 as one"]) == (["one"], [(1,)])
+
+
+def messages(sock):
+    """The server's messages, (type, body), until it closes the socket or goes quiet."""
+    data = b""
+    sock.settimeout(3)
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    found = []
+    while len(data) >= 5:
+        kind, length = data[:1], struct.unpack("!i", data[1:5])[0]
+        found.append((kind, data[5 : 1 + length]))
+        data = data[1 + length :]
+    return found
+
+
+def test_nothing_runs_on_a_connection_whose_login_failed():
+    """pgwire keeps reading after a failed SCRAM proof: a query sent anyway must not run."""
+    host, port = os.environ["SLUICE_PG_LOGIN"].rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        params = b"user\0ann\0database\0sluice\0\0"
+        sock.sendall(struct.pack("!ii", 8 + len(params), 196608) + params)
+        sock.settimeout(3)
+        assert sock.recv(1) == b"R"  # AuthenticationSASL
+        sock.recv(65536)
+        first = b"n,,n=,r=abcdefgh"
+        body = b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first
+        sock.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
+        reply = sock.recv(65536)
+        assert reply[:1] == b"R" and struct.unpack("!i", reply[5:9])[0] == 11, reply  # SASLContinue
+        server_first = reply[9:].decode()
+        nonce = server_first.split(",")[0][2:]
+        proof = base64.b64encode(bytes(32)).decode()
+        final = f"c=biws,r={nonce},p={proof}".encode()
+        sock.sendall(b"p" + struct.pack("!i", 4 + len(final)) + final)
+        query = b"select 1 as leaked\0"
+        try:
+            sock.sendall(b"Q" + struct.pack("!i", 4 + len(query)) + query)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        got = messages(sock)
+    kinds = [kind for kind, _ in got]
+    assert kinds[0] == b"E", got
+    assert b"28P01" in got[0][1] and b"password authentication failed" in got[0][1], got
+    assert b"T" not in kinds and b"D" not in kinds and b"C" not in kinds, got

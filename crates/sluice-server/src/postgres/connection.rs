@@ -16,16 +16,13 @@
 //! statement with `57014` and drops its stream, which cancels its job on every worker; a dropped
 //! connection does the same.
 
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ParamValues;
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DfStatement;
@@ -37,21 +34,24 @@ use datafusion_postgres::hooks::QueryHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::{DfSessionService, Parser};
-use futures::{FutureExt, Sink, Stream, StreamExt, TryStreamExt, stream};
+use futures::{Sink, StreamExt, TryStreamExt, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, Type};
-use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::response::TransactionStatus;
 use pgwire::types::format::FormatOptions;
 use sluice_engine::{PlannedStatement, SluiceSession, SluiceStatement};
 use tokio::sync::watch;
 
 use super::cancel::{self, CancelSignal, Cancels};
 use super::errors::{cancelled, pg_datafusion_error, pg_error};
+use super::login::LoggedIn;
+use crate::cancellable::UntilCancelled;
 
 /// A statement as the extended protocol keeps it between Parse and Execute: the text, and the
 /// parsed statement with its logical plan (datafusion-postgres's form, which its hooks expect).
@@ -69,11 +69,17 @@ pub struct PgConnection {
     generation: Arc<watch::Sender<u64>>,
     /// Set once the connection is listed in `cancels`.
     listed: OnceLock<()>,
+    /// The server has accounts: nothing runs before a login succeeded.
+    requires_login: bool,
 }
 
 impl PgConnection {
     /// A connection over `session` (its own fork): `pg_catalog` is registered in it.
-    pub fn new(session: SluiceSession, cancels: Arc<Cancels>) -> sluice_engine::Result<Self> {
+    pub fn new(
+        session: SluiceSession,
+        cancels: Arc<Cancels>,
+        requires_login: bool,
+    ) -> sluice_engine::Result<Self> {
         let context = Arc::new(session.context().clone());
         datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog(
             &context,
@@ -88,6 +94,7 @@ impl PgConnection {
             inner: ExtendedQueryHandler::query_parser(&service),
             context: context.clone(),
             sql: PostgresCompatibilityParser::new(),
+            requires_login,
         });
         Ok(Self {
             session: Arc::new(session),
@@ -98,6 +105,7 @@ impl PgConnection {
             cancels,
             generation: Arc::new(watch::Sender::new(0)),
             listed: OnceLock::new(),
+            requires_login,
         })
     }
 
@@ -119,13 +127,11 @@ impl PgConnection {
         planned: PlannedStatement,
         format: &Format,
         cancel: CancelSignal,
+        materialize: bool,
     ) -> PgWireResult<Response> {
         let schema = planned.schema();
         let rows = self.session.run(planned).map_err(|e| pg_error(&e))?;
-        let rows = Cancellable {
-            rows: Some(rows),
-            cancel,
-        };
+        let rows = UntilCancelled::new(rows.map_err(pg_datafusion_error), cancel, cancelled());
         if tag == "INSERT" {
             let batches: Vec<RecordBatch> = rows.try_collect().await?;
             return Ok(Response::Execution(
@@ -139,6 +145,14 @@ impl PgConnection {
         let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
         let fields = Arc::new(arrow_schema_to_pg_fields(&schema, format, Some(options))?);
         let encoding = fields.clone();
+        // A statement followed by others in the same simple query runs to the end before the next
+        // is planned, as Postgres runs them: a later INSERT must not change an earlier SELECT.
+        let rows = if materialize {
+            let batches: Vec<RecordBatch> = rows.try_collect().await?;
+            stream::iter(batches.into_iter().map(Ok)).boxed()
+        } else {
+            rows.boxed()
+        };
         let rows = rows
             .map(move |batch| -> Box<dyn Iterator<Item = _> + Send> {
                 match batch {
@@ -156,7 +170,17 @@ impl PgConnection {
         client: &C,
         statement: SluiceStatement,
         cancel: CancelSignal,
+        materialize: bool,
     ) -> PgWireResult<Response> {
+        let writes = match &statement {
+            SluiceStatement::Sql(DfStatement::Statement(statement)) => writes(statement),
+            SluiceStatement::Sql(DfStatement::Explain(_))
+            | SluiceStatement::ExplainDistributed { .. } => false,
+            SluiceStatement::Sql(_) => true,
+        };
+        if writes {
+            refuse_in_transaction(client)?;
+        }
         let tag = match &statement {
             SluiceStatement::Sql(DfStatement::Statement(statement)) => command_tag(statement),
             SluiceStatement::Sql(DfStatement::CreateExternalTable(_)) => {
@@ -172,9 +196,58 @@ impl PgConnection {
             .plan(statement)
             .await
             .map_err(|e| pg_error(&e))?;
-        self.respond(client, tag, planned, &Format::UnifiedText, cancel)
-            .await
+        self.respond(
+            client,
+            tag,
+            planned,
+            &Format::UnifiedText,
+            cancel,
+            materialize,
+        )
+        .await
     }
+}
+
+/// Refuses a connection of a server with accounts that has not logged in.
+fn admit<C: ClientInfo + ?Sized>(client: &C, requires_login: bool) -> PgWireResult<()> {
+    if requires_login && client.session_extensions().get::<LoggedIn>().is_none() {
+        return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+            "FATAL".to_string(),
+            "28000".to_string(),
+            "log in first: this server has accounts".to_string(),
+        ))));
+    }
+    Ok(())
+}
+
+/// Whether `statement` changes anything (tables, views, files): everything but queries,
+/// `EXPLAIN` and `SHOW`.
+fn writes(statement: &Statement) -> bool {
+    !matches!(
+        statement,
+        Statement::Query(_)
+            | Statement::Explain { .. }
+            | Statement::ExplainTable { .. }
+            | Statement::ShowVariable { .. }
+            | Statement::ShowTables { .. }
+            | Statement::ShowColumns { .. }
+            | Statement::ShowFunctions { .. }
+    )
+}
+
+/// Sluice applies every write at once and cannot roll it back, so a write inside `BEGIN … COMMIT`
+/// is refused rather than let a later `ROLLBACK` pretend to undo it.
+fn refuse_in_transaction<C: ClientInfo + ?Sized>(client: &C) -> PgWireResult<()> {
+    if client.transaction_status() == TransactionStatus::Idle {
+        return Ok(());
+    }
+    Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_string(),
+        "0A000".to_string(),
+        "Sluice has no transactions, so it cannot take a write inside BEGIN … COMMIT (it could \
+         not be rolled back): run it in autocommit mode"
+            .to_string(),
+    ))))
 }
 
 /// Whether `statement` is `SHOW datafusion.…`.
@@ -193,6 +266,7 @@ pub struct PgParser {
     inner: Arc<Parser>,
     context: Arc<SessionContext>,
     sql: PostgresCompatibilityParser,
+    requires_login: bool,
 }
 
 #[async_trait]
@@ -208,6 +282,7 @@ impl QueryParser for PgParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        admit(client, self.requires_login)?;
         if let Ok(mut statements) = self.sql.parse(sql)
             && statements.len() == 1
             && shows_a_datafusion_setting(&statements[0])
@@ -261,40 +336,6 @@ fn command_tag(statement: &Statement) -> String {
     }
 }
 
-/// A statement's record batches until its connection cancels it: then one `57014` error, and the
-/// stream (so the job) is dropped at once.
-struct Cancellable {
-    rows: Option<SendableRecordBatchStream>,
-    cancel: CancelSignal,
-}
-
-impl Stream for Cancellable {
-    type Item = PgWireResult<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        let Some(rows) = this.rows.as_mut() else {
-            return Poll::Ready(None);
-        };
-        if this.cancel.poll_unpin(cx).is_ready() {
-            this.rows = None;
-            return Poll::Ready(Some(Err(cancelled())));
-        }
-        match rows.poll_next_unpin(cx) {
-            Poll::Ready(Some(Err(error))) => {
-                this.rows = None;
-                Poll::Ready(Some(Err(pg_datafusion_error(error))))
-            }
-            Poll::Ready(None) => {
-                this.rows = None;
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Ok(batch))) => Poll::Ready(Some(Ok(batch))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
 #[async_trait]
 impl SimpleQueryHandler for PgConnection {
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
@@ -304,16 +345,18 @@ impl SimpleQueryHandler for PgConnection {
         C::Error: std::fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        admit(client, self.requires_login)?;
         let cancel = self.cancel_signal(client);
         let statements = match self.sql.parse(query) {
             Ok(statements) => statements,
             // Not Postgres SQL: Sluice's own statements, with local mode's errors.
             Err(_) => {
                 let statements = self.session.parse_sql(query).map_err(|e| pg_error(&e))?;
+                let last = statements.len().saturating_sub(1);
                 let mut responses = Vec::with_capacity(statements.len());
-                for statement in statements {
+                for (index, statement) in statements.into_iter().enumerate() {
                     responses.push(
-                        self.run_sluice_statement(client, statement, cancel.clone())
+                        self.run_sluice_statement(client, statement, cancel.clone(), index < last)
                             .await?,
                     );
                 }
@@ -323,8 +366,9 @@ impl SimpleQueryHandler for PgConnection {
         if statements.is_empty() {
             return Ok(vec![Response::EmptyQuery]);
         }
+        let last = statements.len() - 1;
         let mut responses = Vec::with_capacity(statements.len());
-        'statements: for statement in statements {
+        'statements: for (index, statement) in statements.into_iter().enumerate() {
             for hook in self.hooks_for(&statement) {
                 if let Some(response) = hook
                     .handle_simple_query(&statement, &self.context, client)
@@ -336,7 +380,7 @@ impl SimpleQueryHandler for PgConnection {
             }
             let statement = SluiceStatement::Sql(DfStatement::Statement(Box::new(statement)));
             responses.push(
-                self.run_sluice_statement(client, statement, cancel.clone())
+                self.run_sluice_statement(client, statement, cancel.clone(), index < last)
                     .await?,
             );
         }
@@ -365,6 +409,7 @@ impl ExtendedQueryHandler for PgConnection {
         C::Error: std::fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        admit(client, self.requires_login)?;
         let (_, Some((statement, plan))) = &portal.statement.statement else {
             return Ok(Response::EmptyQuery);
         };
@@ -376,6 +421,9 @@ impl ExtendedQueryHandler for PgConnection {
             {
                 return response;
             }
+        }
+        if writes(statement) {
+            refuse_in_transaction(client)?;
         }
         let cancel = self.cancel_signal(client);
         let logical = plan
@@ -394,6 +442,7 @@ impl ExtendedQueryHandler for PgConnection {
             planned,
             &portal.result_column_format,
             cancel,
+            false,
         )
         .await
     }

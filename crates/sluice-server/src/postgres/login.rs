@@ -37,6 +37,11 @@ pub struct Registry {
     pub cancels: Arc<crate::postgres::cancel::Cancels>,
 }
 
+/// Set on a connection whose SCRAM login succeeded; without it a server with accounts runs
+/// nothing (pgwire keeps reading a socket after a failed login).
+#[derive(Debug)]
+pub struct LoggedIn;
+
 /// The login of a server without accounts.
 #[derive(Debug)]
 pub struct OpenLogin {
@@ -139,7 +144,7 @@ impl StartupHandler for ScramLogin {
                             .verifier(&user)
                             .ok_or_else(|| scram_error(ScramError::Refused, &user))?;
                         let nonce = server_nonce().map_err(|e| scram_error(e, &user))?;
-                        let first = ServerFirst::answer(client_first, verifier, known, &nonce)
+                        let first = ServerFirst::answer(client_first, &verifier, known, &nonce)
                             .map_err(|e| scram_error(e, &user))?;
                         client
                             .send(PgWireBackendMessage::Authentication(
@@ -166,6 +171,7 @@ impl StartupHandler for ScramLogin {
                         let (handle, guard) = self.registry.connections.register(pid, secret_key);
                         client.session_extensions().insert(handle);
                         client.session_extensions().insert(guard);
+                        client.session_extensions().insert(LoggedIn);
                         finish_authentication(client, &DefaultServerParameterProvider::default())
                             .await?;
                     }

@@ -12,8 +12,9 @@
 //!
 //! Invariants: a connection's session is its own (settings, views, tables it creates); errors carry
 //! the SQLSTATE of their kind ([`crate::status::Failure`]); like the Flight SQL endpoint this door
-//! has no TLS yet, so it listens on loopback addresses only; stopping the endpoint stops accepting,
-//! and dropping it aborts every connection (their statements' jobs are cancelled).
+//! has no TLS yet, so it listens on loopback addresses only; with accounts, nothing runs on a
+//! connection before its SCRAM login succeeded; stopping (or dropping) the endpoint stops accepting
+//! and closes every connection (their statements' jobs are cancelled).
 
 pub mod cancel;
 pub mod connection;
@@ -92,7 +93,7 @@ impl PgEndpoint {
                  listen on a loopback address (TLS on the front door is not built yet)"
             )));
         }
-        let connections = Arc::new(AtomicUsize::new(0));
+        let connections = sessions.postgres_connections().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let accept = Acceptor {
             sessions,
@@ -119,7 +120,7 @@ impl PgEndpoint {
         self.connections.load(Ordering::Relaxed)
     }
 
-    /// Stops accepting connections and waits for the open ones to end.
+    /// Stops accepting connections and closes the open ones (cancelling what they run).
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -149,30 +150,41 @@ struct Acceptor {
 impl Acceptor {
     async fn serve(mut self, listener: TcpListener, mut stopped: oneshot::Receiver<()>) {
         self.users = self.sessions.users().cloned().map(Arc::new);
+        let this = Arc::new(self);
         let mut running = JoinSet::new();
         loop {
             tokio::select! {
                 _ = &mut stopped => break,
                 accepted = listener.accept() => {
-                    let Ok((socket, _)) = accepted else {
+                    let Ok((socket, peer)) = accepted else {
                         // A failed accept (out of file descriptors) must not spin.
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
                     };
                     let _ = socket.set_nodelay(true);
-                    let handlers = self.handlers().await;
-                    let open = Open::new(self.connections.clone());
+                    let open = Open::new(this.connections.clone());
+                    let acceptor = this.clone();
+                    // The session is made in the connection's own task, so a slow fork never holds
+                    // up the accept loop (or a CancelRequest's connection).
                     running.spawn(async move {
                         let _open = open;
-                        if let Ok(handlers) = handlers {
-                            let _ = process_socket(socket, None, handlers).await;
+                        match acceptor.handlers().await {
+                            Ok(handlers) => {
+                                let _ = process_socket(socket, None, handlers).await;
+                            }
+                            Err(error) => eprintln!(
+                                "sluice server: Postgres connection from {peer} refused: {error}"
+                            ),
                         }
                     });
                 }
                 Some(_) = running.join_next(), if !running.is_empty() => {}
             }
         }
+        // Stopping: no new connections; the open ones (idle psql sessions included) are closed and
+        // their running statements' jobs cancelled as the JoinSet drops them.
         drop(listener);
+        running.abort_all();
         while running.join_next().await.is_some() {}
     }
 
@@ -185,8 +197,10 @@ impl Acceptor {
                 registry: self.registry.clone(),
             }),
         };
+        let connection =
+            PgConnection::new(session, self.registry.cancels.clone(), self.users.is_some())?;
         Ok(PgHandlers {
-            connection: Arc::new(PgConnection::new(session, self.registry.cancels.clone())?),
+            connection: Arc::new(connection),
             login: Arc::new(login),
             cancel: Arc::new(PgCancel {
                 manager: self.registry.connections.clone(),
