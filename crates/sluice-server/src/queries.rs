@@ -325,6 +325,11 @@ mod tests {
     use super::*;
     use crate::sessions::SessionId;
 
+    fn local_session() -> Arc<SluiceSession> {
+        let config = SluiceConfig::default();
+        Arc::new(SluiceSession::new(&config, Arc::new(sluice_runtime::LocalRunner)).unwrap())
+    }
+
     async fn planned(session: &SluiceSession) -> PlannedStatement {
         let statement = session.parse_sql("select 1").unwrap().remove(0);
         session.plan(statement).await.unwrap()
@@ -332,13 +337,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_filed_statement_is_taken_once_and_only_by_its_session() {
-        let session = Arc::new(
-            SluiceSession::new(
-                &SluiceConfig::default(),
-                Arc::new(sluice_runtime::LocalRunner),
-            )
-            .unwrap(),
-        );
+        let session = local_session();
         let queries = Queries::default();
         let owner = SessionKey::Opened(SessionId(1));
         let handle = queries.file(owner.clone(), session.clone(), planned(&session).await);
@@ -362,13 +361,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancel_drops_a_waiting_statement_and_ends_a_running_one_of_its_session_only() {
-        let session = Arc::new(
-            SluiceSession::new(
-                &SluiceConfig::default(),
-                Arc::new(sluice_runtime::LocalRunner),
-            )
-            .unwrap(),
-        );
+        let session = local_session();
         let queries = Queries::default();
         let owner = SessionKey::Opened(SessionId(1));
         let waiting = queries.file(owner.clone(), session.clone(), planned(&session).await);

@@ -36,6 +36,29 @@ impl Default for FlightSqlOptions {
     }
 }
 
+/// Binds a front door (`door`, e.g. "Flight SQL") to `listen`, refusing any address but loopback:
+/// the doors have no TLS yet, and `what` (credentials, rows) must not cross a network in clear text.
+pub(crate) async fn bind_loopback(
+    listen: &str,
+    door: &str,
+    what: &str,
+) -> Result<(TcpListener, SocketAddr)> {
+    let listen_error = |e: std::io::Error| {
+        SluiceError::invalid(format!(
+            "the {door} endpoint cannot listen on {listen}: {e}"
+        ))
+    };
+    let listener = TcpListener::bind(listen).await.map_err(listen_error)?;
+    let address = listener.local_addr().map_err(listen_error)?;
+    if !address.ip().is_loopback() {
+        return Err(SluiceError::invalid(format!(
+            "the {door} endpoint would send {what} in clear text on {address}: listen on a \
+             loopback address (TLS on the front door is not built yet)"
+        )));
+    }
+    Ok((listener, address))
+}
+
 /// A running Flight SQL endpoint.
 #[derive(Debug)]
 pub struct FlightSqlEndpoint {
@@ -51,22 +74,12 @@ impl FlightSqlEndpoint {
     /// Serves `sessions` on `options.listen`. The endpoint speaks plain gRPC (no TLS yet), so only a
     /// loopback address is allowed: credentials and tokens never cross a network in clear text.
     pub async fn start(sessions: Arc<Sessions>, options: &FlightSqlOptions) -> Result<Self> {
-        let listen_error = |e: std::io::Error| {
-            SluiceError::invalid(format!(
-                "the Flight SQL endpoint cannot listen on {}: {e}",
-                options.listen
-            ))
-        };
-        let listener = TcpListener::bind(&options.listen)
-            .await
-            .map_err(listen_error)?;
-        let address = listener.local_addr().map_err(listen_error)?;
-        if !address.ip().is_loopback() {
-            return Err(SluiceError::invalid(format!(
-                "the Flight SQL endpoint would send passwords and session tokens in clear text on \
-                 {address}: listen on a loopback address (TLS on the front door is not built yet)"
-            )));
-        }
+        let (listener, address) = bind_loopback(
+            &options.listen,
+            "Flight SQL",
+            "passwords and session tokens",
+        )
+        .await?;
         let queries = Arc::new(Queries::default());
         let service = SluiceFlightSql::new(sessions.clone(), queries.clone())
             .map_err(|status| SluiceError::invalid(status.message().to_string()))?;

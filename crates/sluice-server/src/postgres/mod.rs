@@ -34,7 +34,7 @@ use pgwire::api::{ClientInfo, PgWireServerHandlers};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::process_socket;
-use sluice_engine::{Result, SluiceError};
+use sluice_engine::Result;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
@@ -77,22 +77,8 @@ impl PgEndpoint {
     /// Serves `sessions`' base session (each connection forks it) on `options.listen`, a loopback
     /// address (no TLS yet), with `sessions`' accounts.
     pub async fn start(sessions: Arc<Sessions>, options: &PgOptions) -> Result<Self> {
-        let listen_error = |e: std::io::Error| {
-            SluiceError::invalid(format!(
-                "the Postgres endpoint cannot listen on {}: {e}",
-                options.listen
-            ))
-        };
-        let listener = TcpListener::bind(&options.listen)
-            .await
-            .map_err(listen_error)?;
-        let address = listener.local_addr().map_err(listen_error)?;
-        if !address.ip().is_loopback() {
-            return Err(SluiceError::invalid(format!(
-                "the Postgres endpoint would send passwords and rows in clear text on {address}: \
-                 listen on a loopback address (TLS on the front door is not built yet)"
-            )));
-        }
+        let (listener, address) =
+            crate::server::bind_loopback(&options.listen, "Postgres", "passwords and rows").await?;
         let connections = sessions.postgres_connections().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let accept = Acceptor {
