@@ -109,7 +109,7 @@ fn adbc_psycopg_and_psql_see_the_local_answers_through_a_two_worker_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("59 passed"), "{stdout}");
+    assert!(summary.starts_with("60 passed"), "{stdout}");
     assert_sql_connect_prints_what_local_prints(&cluster.url, data);
     assert_psql_describes_the_tables(&cluster.pg);
     let stopping = cluster.stop();
