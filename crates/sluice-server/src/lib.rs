@@ -17,6 +17,7 @@
 //! - Errors are mapped to gRPC codes in one place ([`status::status_of`]) with the text local mode
 //!   prints.
 
+pub mod admission;
 pub mod cancellable;
 pub mod client;
 pub mod metadata;

@@ -120,6 +120,11 @@ impl FlightSqlEndpoint {
         self.queries.running_count()
     }
 
+    /// Statements waiting for a slot (`--max-concurrent-jobs`).
+    pub fn queued_statements(&self) -> usize {
+        self.sessions.admission().queued()
+    }
+
     /// The sessions it serves.
     pub fn sessions(&self) -> &Arc<Sessions> {
         &self.sessions

@@ -46,6 +46,7 @@ use prost::Message;
 use sluice_engine::{PlannedStatement, SluiceError, SluiceSession, SluiceStatement};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::admission::into_datafusion;
 use crate::cancellable::UntilCancelled;
 use crate::metadata;
 use crate::queries::{Queries, QueryHandle};
@@ -127,6 +128,8 @@ impl SluiceFlightSql {
             "sessions": self.sessions.len(),
             "pending_statements": self.queries.pending_count(),
             "running_statements": self.queries.running_count(),
+            "queued_statements": self.sessions.admission().queued(),
+            "max_concurrent_jobs": self.sessions.admission().limit(),
             "postgres_connections": self.sessions.postgres_connections().load(Ordering::Relaxed),
             "driver": driver,
             "workers": workers,
@@ -406,7 +409,10 @@ impl FlightSqlService for SluiceFlightSql {
         let handle = QueryHandle::from_bytes(&ticket.statement_handle)?;
         let (session, planned) = self.queries.take(handle, &key)?;
         let running = self.queries.start(handle, key);
-        let stream = session.run(planned).map_err(|e| status_of(&e))?;
+        let schema = planned.schema();
+        let stream = self.sessions.admission().run(schema, move || {
+            session.run(planned).map_err(into_datafusion)
+        });
         let ended = Status::cancelled(format!("{handle} was cancelled (CancelFlightInfo)"));
         Ok(Response::new(Box::pin(UntilCancelled::new(
             encode(stream),
@@ -477,7 +483,10 @@ impl FlightSqlService for SluiceFlightSql {
             .plan_with_parameters(&prepared.sql, parameters)
             .await
             .map_err(|e| status_of(&e))?;
-        let stream = session.run(planned).map_err(|e| status_of(&e))?;
+        let schema = planned.schema();
+        let stream = self.sessions.admission().run(schema, move || {
+            session.run(planned).map_err(into_datafusion)
+        });
         affected_rows(stream).await
     }
 

@@ -20,6 +20,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tonic::{Request, Status};
 
+use crate::admission::Admission;
 use crate::users::Users;
 
 /// Makes the session of each new client.
@@ -84,6 +85,8 @@ pub struct Sessions {
     opened: Mutex<HashMap<SessionId, Opened>>,
     /// Postgres connections open now (each holds a session of its own, outside `opened`).
     postgres_connections: Arc<AtomicUsize>,
+    /// The limit on statements running at once, and the queue beyond it.
+    admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -111,7 +114,19 @@ impl Sessions {
             next: AtomicU64::new(1),
             opened: Mutex::new(HashMap::new()),
             postgres_connections: Arc::new(AtomicUsize::new(0)),
+            admission: Arc::new(Admission::default()),
         })
+    }
+
+    /// The same sessions with at most `limit` statements running at once (`None`: no limit).
+    pub fn with_max_concurrent_jobs(mut self, limit: Option<usize>) -> Self {
+        self.admission = Arc::new(Admission::new(limit));
+        self
+    }
+
+    /// Where statements wait for a slot.
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
     }
 
     /// The same sessions with another idle time-out (tests).

@@ -64,7 +64,13 @@ impl Failure {
 
     /// The kind of a DataFusion error.
     pub fn of_datafusion(error: &DataFusionError) -> Self {
-        match error.find_root() {
+        let root = error.find_root();
+        if let DataFusionError::External(inner) = root
+            && let Some(error) = inner.downcast_ref::<SluiceError>()
+        {
+            return Self::of(error);
+        }
+        match root {
             DataFusionError::SQL(..) => Self::Syntax,
             DataFusionError::Plan(message) if is_unknown_table(message) => Self::UnknownTable,
             DataFusionError::SchemaError(error, _)

@@ -30,6 +30,10 @@ async fn server() -> Server {
 }
 
 async fn server_with(users: Option<Users>) -> Server {
+    server_limited(users, None).await
+}
+
+async fn server_limited(users: Option<Users>, max_concurrent_jobs: Option<usize>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.csv");
     std::fs::write(&path, "a,b\n1,x\n2,y\n3,z\n").unwrap();
@@ -44,7 +48,8 @@ async fn server_with(users: Option<Users>) -> Server {
     let sessions = Arc::new(
         Sessions::with_users(SessionFactory::new(base), users)
             .await
-            .unwrap(),
+            .unwrap()
+            .with_max_concurrent_jobs(max_concurrent_jobs),
     );
     let options = FlightSqlOptions {
         listen: "127.0.0.1:0".into(),
@@ -326,25 +331,42 @@ async fn cancel_flight_info(
     CancelFlightInfoResult::decode(result.body).unwrap().status
 }
 
+/// Minutes of work that returns nothing until it is done.
+const LONG: &str = "select count(distinct value % 1000003) from generate_series(1, 5000000000)";
+
+/// Fetches `info`'s rows in a task of its own.
+fn fetch_in_background(
+    client: &FlightSqlServiceClient<Channel>,
+    info: &FlightInfo,
+) -> tokio::task::JoinHandle<Result<Vec<RecordBatch>, FlightError>> {
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut fetcher = client.clone();
+    tokio::spawn(async move {
+        let stream = fetcher.do_get(ticket).await?;
+        stream.try_collect::<Vec<_>>().await
+    })
+}
+
+/// Waits (up to 30 s) until `condition` holds.
+async fn wait_for(what: &str, condition: impl Fn() -> bool) {
+    let started = std::time::Instant::now();
+    while !condition() {
+        assert!(started.elapsed().as_secs() < 30, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn cancel_flight_info_ends_a_running_statement_and_drops_a_waiting_one() {
     use arrow_flight::CancelStatus;
     let server = server().await;
     let mut client = client(&server).await;
-    // Minutes of work that returns nothing until it is done.
-    let long = "select count(distinct value % 1000003) from generate_series(1, 5000000000)";
-    let info = client.execute(long.to_string(), None).await.unwrap();
-    let ticket = info.endpoint[0].ticket.clone().unwrap();
-    let mut fetcher = client.clone();
-    let fetching = tokio::spawn(async move {
-        let stream = fetcher.do_get(ticket).await?;
-        stream.try_collect::<Vec<_>>().await
-    });
-    let started = std::time::Instant::now();
-    while server.endpoint.running_statements() == 0 {
-        assert!(started.elapsed().as_secs() < 30, "the statement never ran");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let info = client.execute(LONG.to_string(), None).await.unwrap();
+    let fetching = fetch_in_background(&client, &info);
+    wait_for("the statement never ran", || {
+        server.endpoint.running_statements() == 1
+    })
+    .await;
     assert_eq!(
         cancel_flight_info(&mut client, &info).await,
         CancelStatus::Cancelled as i32
@@ -374,4 +396,42 @@ async fn cancel_flight_info_ends_a_running_statement_and_drops_a_waiting_one() {
     let refused = status_of(client.do_get(ticket).await.unwrap_err());
     assert_eq!(refused.code(), tonic::Code::NotFound, "{refused}");
     assert_eq!(server.endpoint.pending_statements(), 0);
+}
+
+#[tokio::test]
+async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends() {
+    let server = server_limited(None, Some(1)).await;
+    let mut client = client(&server).await;
+    let long = client.execute(LONG.to_string(), None).await.unwrap();
+    let long_fetch = fetch_in_background(&client, &long);
+    wait_for("the long statement never ran", || {
+        server.endpoint.running_statements() == 1
+    })
+    .await;
+    assert_eq!(server.endpoint.queued_statements(), 0);
+    let short = client
+        .execute("select 7 as n".to_string(), None)
+        .await
+        .unwrap();
+    let short_fetch = fetch_in_background(&client, &short);
+    wait_for("the short statement never queued", || {
+        server.endpoint.queued_statements() == 1
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!short_fetch.is_finished(), "it ran beyond the limit");
+    assert_eq!(server.endpoint.queued_statements(), 1);
+    cancel_flight_info(&mut client, &long).await;
+    let rows = tokio::time::timeout(std::time::Duration::from_secs(10), short_fetch)
+        .await
+        .expect("the queued statement ran once the slot was free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pretty_format_batches(&rows).unwrap().to_string(),
+        "+---+\n| n |\n+---+\n| 7 |\n+---+"
+    );
+    let ended = long_fetch.await.unwrap().unwrap_err();
+    assert_eq!(status_of(ended).code(), tonic::Code::Cancelled);
+    assert_eq!(server.endpoint.queued_statements(), 0);
 }

@@ -39,6 +39,10 @@ pub struct ServerArgs {
     /// Where the Postgres wire endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_PG_LISTEN)]
     pub pg_listen: String,
+    /// At most this many statements run at once (over both front doors); later ones wait in a
+    /// first-come, first-served queue. Unlimited by default.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_jobs: Option<u32>,
     /// User accounts, one `name:verifier` line each (`sluice hash-password` prints a verifier):
     /// every client must log in. Without it anyone on this machine may connect.
     #[arg(long, value_name = "FILE")]
@@ -73,7 +77,14 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         eprintln!("sluice server: {line}");
     }
     let accounts = users.as_ref().map_or(0, Users::len);
-    let sessions = Arc::new(Sessions::with_users(SessionFactory::new(base), users).await?);
+    let limit = args
+        .max_concurrent_jobs
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let sessions = Arc::new(
+        Sessions::with_users(SessionFactory::new(base), users)
+            .await?
+            .with_max_concurrent_jobs(limit),
+    );
     let postgres = PgEndpoint::start(
         sessions.clone(),
         &PgOptions {

@@ -51,6 +51,7 @@ use tokio::sync::watch;
 use super::cancel::{self, CancelSignal, Cancels};
 use super::errors::{cancelled, pg_datafusion_error, pg_error};
 use super::login::LoggedIn;
+use crate::admission::{Admission, into_datafusion};
 use crate::cancellable::UntilCancelled;
 
 /// A statement as the extended protocol keeps it between Parse and Execute: the text, and the
@@ -71,6 +72,8 @@ pub struct PgConnection {
     listed: OnceLock<()>,
     /// The server has accounts: nothing runs before a login succeeded.
     requires_login: bool,
+    /// Where statements wait for a slot (the server's, shared with Flight SQL).
+    admission: Arc<Admission>,
 }
 
 impl PgConnection {
@@ -79,6 +82,7 @@ impl PgConnection {
         session: SluiceSession,
         cancels: Arc<Cancels>,
         requires_login: bool,
+        admission: Arc<Admission>,
     ) -> sluice_engine::Result<Self> {
         let context = Arc::new(session.context().clone());
         datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog(
@@ -106,6 +110,7 @@ impl PgConnection {
             generation: Arc::new(watch::Sender::new(0)),
             listed: OnceLock::new(),
             requires_login,
+            admission,
         })
     }
 
@@ -130,7 +135,10 @@ impl PgConnection {
         materialize: bool,
     ) -> PgWireResult<Response> {
         let schema = planned.schema();
-        let rows = self.session.run(planned).map_err(|e| pg_error(&e))?;
+        let session = self.session.clone();
+        let rows = self.admission.run(schema.clone(), move || {
+            session.run(planned).map_err(into_datafusion)
+        });
         let rows = UntilCancelled::new(rows.map_err(pg_datafusion_error), cancel, cancelled());
         if tag == "INSERT" {
             let batches: Vec<RecordBatch> = rows.try_collect().await?;

@@ -183,8 +183,12 @@ impl Acceptor {
                 registry: self.registry.clone(),
             }),
         };
-        let connection =
-            PgConnection::new(session, self.registry.cancels.clone(), self.users.is_some())?;
+        let connection = PgConnection::new(
+            session,
+            self.registry.cancels.clone(),
+            self.users.is_some(),
+            self.sessions.admission().clone(),
+        )?;
         Ok(PgHandlers {
             connection: Arc::new(connection),
             login: Arc::new(login),
