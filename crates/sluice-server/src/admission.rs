@@ -132,6 +132,7 @@ mod tests {
 
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::runtime::SpawnedTask;
     use datafusion::physical_plan::memory::MemoryStream;
 
     use super::*;
@@ -168,19 +169,20 @@ mod tests {
         // Neither may start while the first stream lives.
         let waited = tokio::time::timeout(Duration::from_secs(60), second.next()).await;
         assert!(waited.is_err(), "the second ran beyond the limit");
-        let third_task = tokio::spawn(async move { first(&mut third).await });
+        let mut third_task = SpawnedTask::spawn(async move { first(&mut third).await });
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(admission.queued(), 2);
         drop(running);
         assert_eq!(first(&mut second).await, 2);
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        let early =
+            tokio::time::timeout(Duration::from_millis(1), third_task.join_unwind_mut()).await;
         assert!(
-            !third_task.is_finished(),
+            early.is_err(),
             "the third ran while the second held the slot"
         );
         assert_eq!(admission.queued(), 1);
         drop(second);
-        assert_eq!(third_task.await.unwrap(), 3);
+        assert_eq!(third_task.join_unwind().await.unwrap(), 3);
         assert_eq!(admission.queued(), 0);
     }
 

@@ -392,12 +392,12 @@ mod tests {
                 .code(),
             tonic::Code::PermissionDenied
         );
-        let signal = tokio::spawn(running.cancelled());
+        let signal = datafusion::common::runtime::SpawnedTask::spawn(running.cancelled());
         assert_eq!(
             queries.cancel(handle, &owner).unwrap(),
             Cancelled::WhileRunning
         );
-        tokio::time::timeout(std::time::Duration::from_secs(5), signal)
+        tokio::time::timeout(std::time::Duration::from_secs(5), signal.join())
             .await
             .unwrap()
             .unwrap();

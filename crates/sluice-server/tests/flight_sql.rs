@@ -13,6 +13,7 @@ use arrow_flight::FlightInfo;
 use arrow_flight::error::FlightError;
 use arrow_flight::sql::CommandGetTables;
 use arrow_flight::sql::client::FlightSqlServiceClient;
+use datafusion::common::runtime::SpawnedTask;
 use futures::TryStreamExt;
 use sluice_engine::catalog::table_at;
 use sluice_engine::{SluiceConfig, SluiceSession};
@@ -338,10 +339,10 @@ const LONG: &str = "select count(distinct value % 1000003) from generate_series(
 fn fetch_in_background(
     client: &FlightSqlServiceClient<Channel>,
     info: &FlightInfo,
-) -> tokio::task::JoinHandle<Result<Vec<RecordBatch>, FlightError>> {
+) -> SpawnedTask<Result<Vec<RecordBatch>, FlightError>> {
     let ticket = info.endpoint[0].ticket.clone().unwrap();
     let mut fetcher = client.clone();
-    tokio::spawn(async move {
+    SpawnedTask::spawn(async move {
         let stream = fetcher.do_get(ticket).await?;
         stream.try_collect::<Vec<_>>().await
     })
@@ -371,7 +372,7 @@ async fn cancel_flight_info_ends_a_running_statement_and_drops_a_waiting_one() {
         cancel_flight_info(&mut client, &info).await,
         CancelStatus::Cancelled as i32
     );
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), fetching)
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), fetching.join())
         .await
         .expect("the cancelled DoGet ended")
         .unwrap()
@@ -413,16 +414,20 @@ async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends()
         .execute("select 7 as n".to_string(), None)
         .await
         .unwrap();
-    let short_fetch = fetch_in_background(&client, &short);
+    let mut short_fetch = fetch_in_background(&client, &short);
     wait_for("the short statement never queued", || {
         server.endpoint.queued_statements() == 1
     })
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!short_fetch.is_finished(), "it ran beyond the limit");
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        short_fetch.join_unwind_mut(),
+    )
+    .await;
+    assert!(early.is_err(), "it ran beyond the limit");
     assert_eq!(server.endpoint.queued_statements(), 1);
     cancel_flight_info(&mut client, &long).await;
-    let rows = tokio::time::timeout(std::time::Duration::from_secs(10), short_fetch)
+    let rows = tokio::time::timeout(std::time::Duration::from_secs(10), short_fetch.join())
         .await
         .expect("the queued statement ran once the slot was free")
         .unwrap()
@@ -431,7 +436,7 @@ async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends()
         pretty_format_batches(&rows).unwrap().to_string(),
         "+---+\n| n |\n+---+\n| 7 |\n+---+"
     );
-    let ended = long_fetch.await.unwrap().unwrap_err();
+    let ended = long_fetch.join().await.unwrap().unwrap_err();
     assert_eq!(status_of(ended).code(), tonic::Code::Cancelled);
     assert_eq!(server.endpoint.queued_statements(), 0);
 }

@@ -5,6 +5,7 @@ the TPC-H query files (SLUICE_TPCH_QUERIES: qNN.sql, statements separated by lin
 import json
 import os
 import pathlib
+import threading
 import time
 
 import pyarrow.flight
@@ -70,3 +71,27 @@ LONG_QUERY = "select count(distinct value % 1000003) from generate_series(1, 500
 
 def workers_busy(state):
     return sum(w["running_tasks"] for w in state["workers"][1:]) > 0
+
+
+def cancel_long_query(run_long, cancel, error_type):
+    """Runs `run_long` (LONG_QUERY on the cluster) in a thread, calls `cancel` once workers run its
+    tasks and asserts every task and job is gone within a second. Returns the errors `run_long`
+    raised (of `error_type`) and the seconds the cluster took to go idle."""
+    assert server_state()["mode"] == "cluster"
+    failures = []
+
+    def run():
+        try:
+            run_long()
+        except error_type as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(workers_busy, 30, "no worker task ran")
+    cancel()
+    took = wait_until(lambda s: tasks_running(s) == 0 and s["driver"]["jobs"] == 0, 1.0, "tasks still ran")
+    thread.join(10)
+    assert not thread.is_alive()
+    print(f"idle {took:.3f} s after the cancel")
+    return failures

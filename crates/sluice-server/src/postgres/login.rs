@@ -24,7 +24,7 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::sync::Mutex;
 
 use crate::scram::{ScramError, ServerFirst, server_nonce};
-use crate::users::Users;
+use crate::sessions::Sessions;
 
 /// What every connection's login shares: the cancel registry and the process-id generator.
 #[derive(Debug, Default)]
@@ -71,15 +71,16 @@ enum Step {
 /// The SCRAM-SHA-256 login of one connection to a server with accounts.
 pub struct ScramLogin {
     registry: Arc<Registry>,
-    users: Arc<Users>,
+    /// The server's sessions, whose accounts the login checks.
+    sessions: Arc<Sessions>,
     step: Mutex<Step>,
 }
 
 impl ScramLogin {
-    pub(crate) fn new(registry: Arc<Registry>, users: Arc<Users>) -> Self {
+    pub(crate) fn new(registry: Arc<Registry>, sessions: Arc<Sessions>) -> Self {
         Self {
             registry,
-            users,
+            sessions,
             step: Mutex::new(Step::Started),
         }
     }
@@ -140,8 +141,9 @@ impl StartupHandler for ScramLogin {
                             PgWireError::InvalidScramMessage("client-first is not UTF-8".into())
                         })?;
                         let (verifier, known) = self
-                            .users
-                            .verifier(&user)
+                            .sessions
+                            .users()
+                            .and_then(|users| users.verifier(&user))
                             .ok_or_else(|| scram_error(ScramError::Refused, &user))?;
                         let nonce = server_nonce().map_err(|e| scram_error(e, &user))?;
                         let first = ServerFirst::answer(client_first, &verifier, known, &nonce)

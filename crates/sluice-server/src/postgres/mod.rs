@@ -40,7 +40,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use crate::sessions::Sessions;
-use crate::users::Users;
 use cancel::PgCancel;
 use connection::PgConnection;
 use errors::PgErrors;
@@ -68,7 +67,6 @@ impl Default for PgOptions {
 #[derive(Debug)]
 pub struct PgEndpoint {
     address: SocketAddr,
-    connections: Arc<AtomicUsize>,
     stop: Option<oneshot::Sender<()>>,
     serving: Option<SpawnedTask<()>>,
 }
@@ -79,18 +77,14 @@ impl PgEndpoint {
     pub async fn start(sessions: Arc<Sessions>, options: &PgOptions) -> Result<Self> {
         let (listener, address) =
             crate::server::bind_loopback(&options.listen, "Postgres", "passwords and rows").await?;
-        let connections = sessions.postgres_connections().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let accept = Acceptor {
             sessions,
-            users: None,
             registry: Arc::new(Registry::default()),
-            connections: connections.clone(),
         };
         let serving = SpawnedTask::spawn(accept.serve(listener, stopped));
         Ok(Self {
             address,
-            connections,
             stop: Some(stop),
             serving: Some(serving),
         })
@@ -99,11 +93,6 @@ impl PgEndpoint {
     /// The address it listens on.
     pub fn address(&self) -> SocketAddr {
         self.address
-    }
-
-    /// Connections open now.
-    pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::Relaxed)
     }
 
     /// Stops accepting connections and closes the open ones (cancelling what they run).
@@ -128,14 +117,11 @@ impl Drop for PgEndpoint {
 /// Accepts connections and gives each its handlers.
 struct Acceptor {
     sessions: Arc<Sessions>,
-    users: Option<Arc<Users>>,
     registry: Arc<Registry>,
-    connections: Arc<AtomicUsize>,
 }
 
 impl Acceptor {
-    async fn serve(mut self, listener: TcpListener, mut stopped: oneshot::Receiver<()>) {
-        self.users = self.sessions.users().cloned().map(Arc::new);
+    async fn serve(self, listener: TcpListener, mut stopped: oneshot::Receiver<()>) {
         let this = Arc::new(self);
         let mut running = JoinSet::new();
         loop {
@@ -148,7 +134,7 @@ impl Acceptor {
                         continue;
                     };
                     let _ = socket.set_nodelay(true);
-                    let open = Open::new(this.connections.clone());
+                    let open = Open::new(this.sessions.postgres_connections().clone());
                     let acceptor = this.clone();
                     // The session is made in the connection's own task, so a slow fork never holds
                     // up the accept loop (or a CancelRequest's connection).
@@ -177,16 +163,20 @@ impl Acceptor {
     /// The handlers of a new connection: its own session, the server's login.
     async fn handlers(&self) -> Result<PgHandlers> {
         let session = self.sessions.fork().await?;
-        let login = match &self.users {
-            Some(users) => Login::Scram(ScramLogin::new(self.registry.clone(), users.clone())),
-            None => Login::Open(OpenLogin {
+        let login = if self.sessions.requires_login() {
+            Login::Scram(ScramLogin::new(
+                self.registry.clone(),
+                self.sessions.clone(),
+            ))
+        } else {
+            Login::Open(OpenLogin {
                 registry: self.registry.clone(),
-            }),
+            })
         };
         let connection = PgConnection::new(
             session,
             self.registry.cancels.clone(),
-            self.users.is_some(),
+            self.sessions.requires_login(),
             self.sessions.admission().clone(),
         )?;
         Ok(PgHandlers {
