@@ -15,7 +15,7 @@ use sluice_runtime::transport::{RunTaskError, WorkerClient};
 use crate::auth::{ClusterLink, SecretChannel, connect_lazy};
 use crate::proto;
 use crate::proto::worker_service_client::WorkerServiceClient;
-use crate::wire::{attempt_to_proto, encode_definition, from_status};
+use crate::wire::{attempt_to_proto, encode_definition, from_status, peer_answered};
 
 /// A worker reached over gRPC.
 #[derive(Debug, Clone)]
@@ -36,11 +36,6 @@ impl GrpcWorkerClient {
             client,
         })
     }
-}
-
-/// Whether a status is the worker's own answer (it handled the call), not a transport failure.
-fn answered(status: &tonic::Status) -> bool {
-    !crate::wire::connection_failed(status.code())
 }
 
 impl GrpcWorkerClient {
@@ -81,7 +76,7 @@ impl WorkerClient for GrpcWorkerClient {
             match client.run_task(proto::RunTaskRequest { task }).await {
                 Ok(_) => Ok(()),
                 Err(status) => Err(RunTaskError {
-                    refused: answered(&status),
+                    refused: peer_answered(&status),
                     error: from_status(
                         &status,
                         &format!("worker {address} did not start {}", definition.attempt),

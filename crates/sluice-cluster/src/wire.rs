@@ -424,22 +424,26 @@ pub(crate) fn from_status(status: &tonic::Status, what: &str) -> RemoteError {
     }
 }
 
-/// Whether a status with no Sluice error in its details says the connection failed (the peer
-/// vanished, the stream was cut, the call timed out) rather than that the peer answered. Hyper
-/// reports a connection reset mid-stream as `Cancelled`: without details, that is no answer.
-pub(crate) fn connection_failed(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
-    )
+/// Whether the peer answered a call with `status` (it handled the call and said no), rather than
+/// the connection failing (the peer vanished, the stream was cut, the call timed out). A status
+/// carrying a Sluice error in its details is always an answer, whatever its code; without details,
+/// `Unavailable`, `DeadlineExceeded`, `Cancelled` (hyper's word for a connection reset mid-stream)
+/// and `Unknown` are no answer.
+pub(crate) fn peer_answered(status: &tonic::Status) -> bool {
+    let carries_error =
+        proto::TaskError::decode(status.details()).is_ok_and(|e| !e.root.is_empty());
+    carries_error
+        || !matches!(
+            status.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+        )
 }
 
-/// [`from_status`] for a call to the worker at `peer`: a connection failure that did not come from
-/// a Sluice error on the other side (see [`connection_failed`]) is a transport error naming `peer`
-/// as unreachable, evidence for the driver that it is gone.
+/// [`from_status`] for a call to the worker at `peer`: a call it did not answer (see
+/// [`peer_answered`]) is a transport error naming `peer` as unreachable, evidence for the driver
+/// that it is gone.
 pub(crate) fn from_status_at(status: &tonic::Status, what: &str, peer: &str) -> RemoteError {
-    let answered = proto::TaskError::decode(status.details()).is_ok_and(|e| !e.root.is_empty());
-    if answered || !connection_failed(status.code()) {
+    if peer_answered(status) {
         return from_status(status, what);
     }
     let mut error = RemoteError::new(
@@ -572,6 +576,24 @@ mod tests {
         let refused = tonic::Status::invalid_argument("bad ticket");
         let back = from_status_at(&refused, "reading s", "127.0.0.1:9");
         assert_eq!((back.kind, back.peer), (ErrorKind::User, None));
+    }
+
+    #[test]
+    fn a_refusal_with_a_sluice_error_is_an_answer_whatever_its_code() {
+        // A draining worker refuses RunTask with a transport error: retryable elsewhere, and an
+        // answer (the worker is alive), not evidence that it is gone.
+        let draining = remote_to_status(&RemoteError::new(
+            ErrorKind::Transport,
+            "sluice worker (pid 7) is draining and takes no new task",
+        ));
+        assert_eq!(draining.code(), Code::Unavailable);
+        assert!(peer_answered(&draining));
+        let back = from_status(&draining, "starting a task");
+        assert_eq!(back.kind, ErrorKind::Transport);
+        assert!(!peer_answered(&tonic::Status::unavailable(
+            "connection refused"
+        )));
+        assert!(peer_answered(&tonic::Status::invalid_argument("bad task")));
     }
 
     #[test]

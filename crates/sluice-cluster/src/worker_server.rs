@@ -13,8 +13,9 @@
 //! ```
 //!
 //! Invariants: a malformed request gets `InvalidArgument` naming what was wrong; nothing a request
-//! carries can stop the worker from serving the next one; a draining worker refuses new tasks with
-//! `FailedPrecondition` (an answer, so the driver places them elsewhere) and finishes the others.
+//! carries can stop the worker from serving the next one; a draining worker refuses new tasks with a
+//! transport error in the status details (an answer, so the driver keeps the worker, and retryable,
+//! so the task runs elsewhere) and finishes the others.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +40,10 @@ use crate::net::{bind, incoming};
 use crate::proto;
 use crate::proto::driver_service_client::DriverServiceClient;
 use crate::proto::worker_service_server::{WorkerService, WorkerServiceServer};
-use crate::wire::{attempt_from_proto, decode_definition, report_to_proto, to_status, to_u32};
+use crate::wire::{
+    attempt_from_proto, decode_definition, remote_to_status, report_to_proto, to_status, to_u32,
+};
+use sluice_runtime::error::{ErrorKind, RemoteError};
 
 /// Why a worker's connection to its driver ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,9 +302,11 @@ impl WorkerService for WorkerEndpoint {
         request: Request<proto::RunTaskRequest>,
     ) -> Result<Response<proto::RunTaskResponse>, Status> {
         if self.draining.load(Ordering::SeqCst) {
-            return Err(Status::failed_precondition(format!(
-                "{} is draining and takes no new task",
-                self.worker.name()
+            // A transport error, so the task is retried on another worker; with its details, so
+            // the driver knows this worker answered (it is alive and finishing its tasks).
+            return Err(remote_to_status(&RemoteError::new(
+                ErrorKind::Transport,
+                format!("{} is draining and takes no new task", self.worker.name()),
             )));
         }
         let bytes = request.into_inner().task;
