@@ -8,6 +8,7 @@ mod cancel;
 mod commands;
 mod output;
 mod progress;
+mod remote;
 mod runners;
 mod shell;
 
@@ -80,6 +81,9 @@ struct GlobalArgs {
     /// The CA that signed every peer's certificate (PEM).
     #[arg(long, global = true, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
     tls_ca: Option<PathBuf>,
+    /// `--connect grpc+tls://…`: the CA certificate (PEM) that signed the server's certificate.
+    #[arg(long, global = true, value_name = "FILE")]
+    server_ca: Option<PathBuf>,
     /// Arrow IPC compression between workers: none (default), lz4 or zstd.
     #[arg(long, global = true, value_name = "CODEC")]
     flight_compression: Option<FlightCompression>,
@@ -206,6 +210,7 @@ fn main() -> ExitCode {
     };
     let result = runners::read_given_secret(cli.global.secret_file.as_deref())
         .and_then(|()| runners::read_given_tls(tls))
+        .and_then(|()| remote::read_server_ca(cli.global.server_ca.as_deref()))
         .and_then(|()| cli.global.load_config())
         .and_then(|config| commands::run(cli.command, config, &runtime));
     // Do not wait for work still unwinding after a cancellation: the process is ending.

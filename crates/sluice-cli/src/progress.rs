@@ -2,11 +2,11 @@
 
 use std::future::Future;
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_runtime::JobRunner;
+
+use crate::remote::ProgressSource;
 
 /// A bar over `len` steps, hidden when stderr is not a terminal.
 pub fn bar(len: u64, unit: &str) -> ProgressBar {
@@ -23,13 +23,13 @@ pub fn bar(len: u64, unit: &str) -> ProgressBar {
     bar
 }
 
-/// Runs `work` while `show` receives the runner's live job progress line every 250 ms (only on a
+/// Runs `work` while `show` receives the runner's (or server's) live job progress line every 250 ms (only on a
 /// terminal, and only for modes that report progress) and `say` every notice of the runner (a lost
 /// worker, a retried region; on a terminal or not, so logs keep them), the last ones after `work`
 /// ends. Nothing is spawned: the ticks are polled alongside `work`, and dropping the future stops
 /// both.
 pub async fn with_job_progress<F: Future>(
-    runner: &Arc<dyn JobRunner>,
+    runner: &dyn ProgressSource,
     show: &dyn Fn(&str),
     say: &dyn Fn(&str),
     work: F,

@@ -12,8 +12,9 @@ use sluice_engine::{Result, SluiceError, SluiceSession};
 use tokio::runtime::Runtime;
 
 use crate::cancel::until_ctrl_c;
-use crate::commands::run_statements;
+use crate::commands::{run_remote, run_statements};
 use crate::output::OutputFormat;
+use crate::remote::Remote;
 
 const HELP: &str = "\
 End each statement with ';' (it may span several lines).
@@ -55,8 +56,64 @@ fn list_tables(session: &SluiceSession) {
     }
 }
 
+/// What the shell runs statements on.
+pub enum Target<'a> {
+    /// A session of this process.
+    Local(&'a SluiceSession),
+    /// A session on a `sluice server`.
+    Remote(Box<Remote>),
+}
+
+impl Target<'_> {
+    fn banner(&self) -> String {
+        match self {
+            Target::Local(session) => format!(
+                "{} mode · {} tables",
+                session.runner().mode_name(),
+                session.tables().len()
+            ),
+            Target::Remote(remote) => format!("connected to {}", remote.url()),
+        }
+    }
+
+    fn list_tables(&self, runtime: &Runtime) {
+        match self {
+            Target::Local(session) => list_tables(session),
+            Target::Remote(remote) => {
+                let sql = "select table_name from information_schema.tables \
+                           where table_schema <> 'information_schema' order by table_name";
+                match runtime.block_on(remote.run(sql)) {
+                    Ok(output) => {
+                        for batch in &output.batches {
+                            for row in 0..batch.num_rows() {
+                                let name = arrow::util::display::array_value_to_string(
+                                    batch.column(0),
+                                    row,
+                                );
+                                println!("{}", name.unwrap_or_default());
+                            }
+                        }
+                    }
+                    Err(error) => eprintln!("error: {error}"),
+                }
+            }
+        }
+    }
+
+    fn run(&self, sql: &str, runtime: &Runtime, format: OutputFormat) -> Result<()> {
+        match self {
+            Target::Local(session) => {
+                runtime.block_on(until_ctrl_c(run_statements(session, sql, format)))
+            }
+            Target::Remote(remote) => {
+                runtime.block_on(until_ctrl_c(run_remote(remote, sql, format)))
+            }
+        }
+    }
+}
+
 /// Runs the shell until `\q` or end of input.
-pub fn run(session: &SluiceSession, runtime: &Runtime, format: OutputFormat) -> Result<()> {
+pub fn run(target: &Target<'_>, runtime: &Runtime, format: OutputFormat) -> Result<()> {
     let readline_error = |e: ReadlineError| SluiceError::invalid(format!("shell: {e}"));
     let mut editor = DefaultEditor::new().map_err(readline_error)?;
     let history = history_path();
@@ -64,10 +121,9 @@ pub fn run(session: &SluiceSession, runtime: &Runtime, format: OutputFormat) -> 
         let _ = editor.load_history(path);
     }
     eprintln!(
-        "Sluice {} · {} mode · {} tables. End statements with ';', \\? for help, \\q to quit.",
+        "Sluice {} · {}. End statements with ';', \\? for help, \\q to quit.",
         env!("CARGO_PKG_VERSION"),
-        session.runner().mode_name(),
-        session.tables().len()
+        target.banner()
     );
     let mut buffer = String::new();
     loop {
@@ -82,7 +138,7 @@ pub fn run(session: &SluiceSession, runtime: &Runtime, format: OutputFormat) -> 
                 if buffer.is_empty() && trimmed.starts_with('\\') {
                     match trimmed {
                         "\\q" => break,
-                        "\\d" => list_tables(session),
+                        "\\d" => target.list_tables(runtime),
                         "\\?" | "\\h" => eprintln!("{HELP}"),
                         other => eprintln!("unknown command {other}; \\? lists them"),
                     }
@@ -96,7 +152,7 @@ pub fn run(session: &SluiceSession, runtime: &Runtime, format: OutputFormat) -> 
                 if trimmed.ends_with(';') {
                     let sql = std::mem::take(&mut buffer);
                     let _ = editor.add_history_entry(sql.trim());
-                    match runtime.block_on(until_ctrl_c(run_statements(session, &sql, format))) {
+                    match target.run(&sql, runtime, format) {
                         Ok(()) => {}
                         Err(SluiceError::Cancelled) => eprintln!("query cancelled"),
                         Err(error) => eprintln!("error: {error}"),

@@ -10,8 +10,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use common::{Server, sluice, tpch_dir};
+use common::{Server, sluice, tls_files, tpch_dir};
 
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
@@ -109,7 +110,7 @@ fn adbc_psycopg_and_psql_see_the_local_answers_through_a_two_worker_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("60 passed"), "{stdout}");
+    assert!(summary.starts_with("61 passed"), "{stdout}");
     assert_sql_connect_prints_what_local_prints(&cluster.url, data);
     assert_psql_describes_the_tables(&cluster.pg);
     let stopping = cluster.stop();
@@ -269,4 +270,190 @@ fn a_table_that_cannot_be_read_is_reported_and_left_out() {
         stopping.last().map(String::as_str),
         Some("sluice server: stopped")
     );
+}
+
+/// Minutes of work in many short steps (5 billion rows through a shuffle into a distinct count).
+const LONG_QUERY: &str =
+    "select count(distinct value % 1000003) from generate_series(1, 5000000000)";
+
+/// Tasks running on the driver and on every worker, from the server's state.
+fn tasks_running(state: &serde_json::Value) -> u64 {
+    let workers: u64 = state["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["running_tasks"].as_u64().unwrap() + w["live_attempts"].as_u64().unwrap())
+        .sum();
+    state["driver"]["running_tasks"].as_u64().unwrap() + workers
+}
+
+#[test]
+fn the_remote_cli_shows_the_servers_progress_and_ctrl_c_cancels_its_job_on_every_worker() {
+    use std::io::{Read, Write};
+    let server = Server::start(&["--workers", "2"], tpch_dir());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let observer = runtime
+        .block_on(sluice_server::RemoteSession::connect(&server.url))
+        .unwrap();
+    let state = || runtime.block_on(observer.state()).unwrap();
+    // `script` gives the CLI a terminal, so it draws its progress line; a Ctrl-C byte written to
+    // the terminal reaches it as SIGINT.
+    let command = format!(
+        "{} sql --connect {} '{LONG_QUERY}'",
+        env!("CARGO_BIN_EXE_sluice"),
+        server.url
+    );
+    let mut child = Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("script (util-linux) gives the CLI a terminal");
+    let mut stdout = child.stdout.take().unwrap();
+    let (send, chunks) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buffer) {
+            if n == 0
+                || send
+                    .send(String::from_utf8_lossy(&buffer[..n]).into_owned())
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let started = std::time::Instant::now();
+    while !(seen.contains("job ") && seen.contains(" · tasks ")) {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "no progress line from the server: {seen:?}"
+        );
+        if let Ok(chunk) = chunks.recv_timeout(Duration::from_millis(100)) {
+            seen.push_str(&chunk);
+        }
+    }
+    let busy = state();
+    assert_eq!(busy["running_statements"], 1, "{busy}");
+    assert!(tasks_running(&busy) > 0, "{busy}");
+
+    child.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
+    let cancelled = std::time::Instant::now();
+    loop {
+        let now = state();
+        if tasks_running(&now) == 0 && now["driver"]["jobs"] == 0 {
+            break;
+        }
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(1),
+            "tasks still ran 1 s after Ctrl-C: {now}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(chunks.try_iter());
+    assert_eq!(status.code(), Some(130), "{seen:?}");
+    assert!(seen.contains("cancelled"), "{seen:?}");
+    let idle = state();
+    assert_eq!(idle["running_statements"], 0, "{idle}");
+    server.stop();
+}
+
+#[test]
+fn both_front_doors_serve_tls_and_refuse_clients_that_do_not_use_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, ca) = tls_files(dir.path());
+    let server = Server::start_in(
+        &["--mode", "local"],
+        &[
+            "--serve-tls-cert",
+            cert.to_str().unwrap(),
+            "--serve-tls-key",
+            key.to_str().unwrap(),
+        ],
+        Some(tpch_dir()),
+        None,
+    );
+    assert!(
+        server.url.starts_with("grpc+tls://127.0.0.1:"),
+        "{}",
+        server.url
+    );
+    assert!(
+        server
+            .started
+            .iter()
+            .any(|line| line.starts_with("sluice server: Postgres on")
+                && line.ends_with("(no login, TLS only)")),
+        "{:?}",
+        server.started
+    );
+    let sql = "select count(*) as n from nation";
+    let over_tls = sluice()
+        .arg("--server-ca")
+        .arg(&ca)
+        .args(["sql", "--connect", &server.url, sql])
+        .output()
+        .unwrap();
+    assert!(
+        over_tls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&over_tls.stderr)
+    );
+    assert!(
+        String::from_utf8(over_tls.stdout)
+            .unwrap()
+            .contains("| 25 |"),
+        "the nation count over grpc+tls"
+    );
+    let without_ca = sluice()
+        .args(["sql", "--connect", &server.url, sql])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(without_ca.stderr).unwrap(),
+        format!(
+            "error: '{}': grpc+tls:// needs the CA certificate that signed the server's \
+             (--server-ca FILE)\n",
+            server.url
+        )
+    );
+    let plain_url = server.url.replace("grpc+tls://", "grpc://");
+    let plain = sluice()
+        .args(["sql", "--connect", &plain_url, sql])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "plain gRPC reached a TLS door");
+
+    let (host, port) = server.pg.rsplit_once(':').unwrap();
+    let psql = |sslmode: &str| {
+        Command::new("psql")
+            .arg(format!(
+                "host={host} port={port} user=sluice dbname=sluice sslmode={sslmode} \
+                 sslrootcert={}",
+                ca.display()
+            ))
+            .args(["-X", "-A", "-t", "-c", sql])
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("psql is needed for the client tests (.ci/run installs postgresql-client)")
+    };
+    let verified = psql("verify-full");
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+    assert_eq!(String::from_utf8(verified.stdout).unwrap(), "25\n");
+    let clear = psql("disable");
+    assert!(!clear.status.success());
+    let refused = String::from_utf8(clear.stderr).unwrap();
+    assert!(
+        refused.contains("this server takes Postgres connections over TLS only"),
+        "{refused}"
+    );
+    server.stop();
 }

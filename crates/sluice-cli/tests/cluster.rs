@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::sluice;
+use common::{sluice, tls_files};
 
 /// TPC-H SF 0.1, generated once per test binary.
 fn sf01() -> &'static Path {
@@ -454,30 +454,6 @@ fn a_worker_started_elsewhere_joins_with_the_secret_and_is_refused_without_it() 
         said.contains("sluice worker exits: the driver at"),
         "{said}"
     );
-}
-
-/// A CA and one certificate for `localhost` / `127.0.0.1` signed by it, as PEM files in `dir`:
-/// (cert, key, ca).
-fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let params =
-        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let paths = (
-        dir.join("node.pem"),
-        dir.join("node.key"),
-        dir.join("ca.pem"),
-    );
-    std::fs::write(&paths.0, cert.pem()).unwrap();
-    std::fs::write(&paths.1, key.serialize_pem()).unwrap();
-    std::fs::write(&paths.2, ca_cert.pem()).unwrap();
-    paths
 }
 
 #[test]

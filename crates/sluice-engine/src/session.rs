@@ -17,8 +17,8 @@ use arrow::array::{RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::memory::MemoryStream;
@@ -35,7 +35,7 @@ use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
 use sluice_planner::JobGraph;
 use sluice_planner::explain::{explain_json, explain_text};
-use sluice_runtime::JobRunner;
+use sluice_runtime::{JobLabel, JobRunner};
 
 /// The output of one statement, fully collected.
 #[derive(Debug, Clone)]
@@ -261,6 +261,27 @@ impl SluiceSession {
     /// Starts a planned statement through the session's runner; the stream does the work as it is
     /// polled and cancels the job when dropped.
     pub fn run(&self, planned: PlannedStatement) -> Result<SendableRecordBatchStream> {
+        self.run_with_context(planned, self.ctx.task_ctx())
+    }
+
+    /// [`Self::run`] for a front end that names the statement: the driver lists its job under
+    /// `label` (in its progress, and so in a front end's progress reports).
+    pub fn run_labelled(
+        &self,
+        planned: PlannedStatement,
+        label: JobLabel,
+    ) -> Result<SendableRecordBatchStream> {
+        let context = TaskContext::from(&self.ctx.state());
+        let config = label.attach(context.session_config().clone());
+        let context = context.with_session_config(config);
+        self.run_with_context(planned, Arc::new(context))
+    }
+
+    fn run_with_context(
+        &self,
+        planned: PlannedStatement,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
         let (plan, sources) = match planned {
             PlannedStatement::Ready(batch) => {
                 let schema = batch.schema();
@@ -268,7 +289,7 @@ impl SluiceSession {
             }
             PlannedStatement::Plan { plan, sources } => (plan, sources),
         };
-        let stream = self.runner.execute(plan, self.ctx.task_ctx())?;
+        let stream = self.runner.execute(plan, context)?;
         if sources.is_empty() {
             return Ok(stream);
         }

@@ -37,7 +37,8 @@ pub use definition::{
     StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
 };
 pub use driver::{
-    Driver, DriverCounters, DriverHandle, DriverOptions, DriverSnapshot, JobProgress, StageProgress,
+    Driver, DriverCounters, DriverHandle, DriverOptions, DriverSnapshot, JobLabel, JobProgress,
+    StageProgress,
 };
 pub use error::{ErrorKind, RemoteError, SluiceFailure};
 pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};

@@ -30,12 +30,17 @@ pub fn into_datafusion(error: sluice_engine::SluiceError) -> DataFusionError {
     }
 }
 
+/// A statement's place in the queue: handed out before it waits, so that its front end can ask
+/// for its position while it does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdmissionTicket(u64);
+
 /// The server's limit on running statements and the queue beyond it.
 #[derive(Debug)]
 pub struct Admission {
     limit: Option<usize>,
     permits: Arc<Semaphore>,
-    queue: Mutex<VecDeque<u64>>,
+    queue: Mutex<VecDeque<AdmissionTicket>>,
     next: AtomicU64,
 }
 
@@ -48,7 +53,7 @@ impl Default for Admission {
 /// Takes a ticket out of the queue when its statement is admitted or dropped while waiting.
 struct Waiting<'a> {
     admission: &'a Admission,
-    ticket: u64,
+    ticket: AdmissionTicket,
 }
 
 impl Drop for Waiting<'_> {
@@ -66,11 +71,11 @@ impl Admission {
             limit,
             permits: Arc::new(Semaphore::new(permits)),
             queue: Mutex::new(VecDeque::new()),
-            next: AtomicU64::new(0),
+            next: AtomicU64::new(1),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<AdmissionTicket>> {
         self.queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -86,9 +91,25 @@ impl Admission {
         self.lock().len()
     }
 
+    /// A new place in the queue (taken when [`Self::run_as`] waits).
+    pub fn ticket(&self) -> AdmissionTicket {
+        AdmissionTicket(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Where `ticket` waits: 1 = next to run; `None` once admitted (or before it queued).
+    pub fn position(&self, ticket: AdmissionTicket) -> Option<usize> {
+        self.lock()
+            .iter()
+            .position(|waiting| *waiting == ticket)
+            .map(|index| index + 1)
+    }
+
     /// Waits for a slot, in arrival order.
     pub async fn enter(&self) -> Result<OwnedSemaphorePermit> {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        self.enter_as(self.ticket()).await
+    }
+
+    async fn enter_as(&self, ticket: AdmissionTicket) -> Result<OwnedSemaphorePermit> {
         self.lock().push_back(ticket);
         let _waiting = Waiting {
             admission: self,
@@ -108,9 +129,19 @@ impl Admission {
         schema: SchemaRef,
         start: impl FnOnce() -> Result<SendableRecordBatchStream> + Send + 'static,
     ) -> SendableRecordBatchStream {
+        self.run_as(self.ticket(), schema, start)
+    }
+
+    /// [`Self::run`] waiting under `ticket` (from [`Self::ticket`]).
+    pub fn run_as(
+        self: &Arc<Self>,
+        ticket: AdmissionTicket,
+        schema: SchemaRef,
+        start: impl FnOnce() -> Result<SendableRecordBatchStream> + Send + 'static,
+    ) -> SendableRecordBatchStream {
         let admission = Arc::clone(self);
         let started = async move {
-            let permit = admission.enter().await?;
+            let permit = admission.enter_as(ticket).await?;
             let rows = start()?;
             Ok::<_, DataFusionError>(rows.map(move |batch| {
                 let _slot = &permit;
@@ -164,14 +195,17 @@ mod tests {
         let admission = Arc::new(Admission::new(Some(1)));
         let mut running = admission.run(schema(), statement(1));
         assert_eq!(first(&mut running).await, 1);
-        let mut second = admission.run(schema(), statement(2));
-        let mut third = admission.run(schema(), statement(3));
+        let (second_ticket, third_ticket) = (admission.ticket(), admission.ticket());
+        let mut second = admission.run_as(second_ticket, schema(), statement(2));
+        let mut third = admission.run_as(third_ticket, schema(), statement(3));
         // Neither may start while the first stream lives.
         let waited = tokio::time::timeout(Duration::from_secs(60), second.next()).await;
         assert!(waited.is_err(), "the second ran beyond the limit");
         let mut third_task = SpawnedTask::spawn(async move { first(&mut third).await });
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(admission.queued(), 2);
+        assert_eq!(admission.position(second_ticket), Some(1));
+        assert_eq!(admission.position(third_ticket), Some(2));
         drop(running);
         assert_eq!(first(&mut second).await, 2);
         let early =
@@ -181,6 +215,8 @@ mod tests {
             "the third ran while the second held the slot"
         );
         assert_eq!(admission.queued(), 1);
+        assert_eq!(admission.position(second_ticket), None, "admitted");
+        assert_eq!(admission.position(third_ticket), Some(1));
         drop(second);
         assert_eq!(third_task.join_unwind().await.unwrap(), 3);
         assert_eq!(admission.queued(), 0);

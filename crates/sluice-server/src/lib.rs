@@ -6,6 +6,8 @@
 //!         ◄─ FlightInfo(schema, ticket) ─┘
 //!         ── DoGet(ticket) ─────────────► queries.take(handle) → session.run → job output stream
 //!         ◄─ FlightData … (while the job runs; dropping the call cancels the job)
+//!         ── PollFlightInfo(…) ─────────► queries: planned / queued (position) / running (tasks
+//!                                          done of total, from the driver) / finished
 //! ```
 //!
 //! Invariants:
@@ -21,6 +23,7 @@ pub mod admission;
 pub mod cancellable;
 pub mod client;
 pub mod metadata;
+pub mod poll;
 pub mod postgres;
 pub mod queries;
 pub mod scram;
@@ -28,6 +31,7 @@ pub mod server;
 pub mod service;
 pub mod sessions;
 pub mod status;
+pub mod tls;
 pub mod users;
 
 pub use client::{RemoteOutput, RemoteSession};

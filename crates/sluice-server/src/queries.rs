@@ -19,7 +19,9 @@ use sluice_engine::{PlannedStatement, SluiceSession};
 use tokio::sync::watch;
 use tonic::Status;
 
+use crate::admission::AdmissionTicket;
 use crate::sessions::SessionKey;
+use sluice_runtime::JobRunner;
 
 /// How long a planned statement waits for its `DoGet`.
 pub const PENDING_TTL: Duration = Duration::from_secs(600);
@@ -65,7 +67,42 @@ struct Pending {
     owner: SessionKey,
     session: Arc<SluiceSession>,
     planned: PlannedStatement,
+    sql: String,
     filed: Instant,
+}
+
+/// A statement taken out of the pending ones by its `DoGet`.
+pub struct Taken {
+    /// The session that planned it.
+    pub session: Arc<SluiceSession>,
+    /// Its plan.
+    pub planned: PlannedStatement,
+    /// Its SQL text.
+    pub sql: String,
+}
+
+impl std::fmt::Debug for Taken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Taken")
+            .field("sql", &self.sql)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a statement is in its life, as `PollFlightInfo` reports it.
+#[derive(Clone)]
+pub enum Phase {
+    /// Planned; its `DoGet` has not come yet.
+    Planned,
+    /// Fetched: waiting for a slot or running.
+    Running {
+        /// Its place in the admission queue.
+        ticket: AdmissionTicket,
+        /// The runner its job runs on (for the job's progress).
+        runner: Arc<dyn JobRunner>,
+    },
+    /// Its result stream ended (finished, failed or cancelled).
+    Finished,
 }
 
 /// A prepared statement: its SQL and the parameters bound last.
@@ -89,11 +126,14 @@ pub struct Queries {
     pending: Mutex<HashMap<QueryHandle, Pending>>,
     prepared: Mutex<HashMap<QueryHandle, PreparedEntry>>,
     running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
+    finished: Arc<Mutex<HashMap<QueryHandle, (SessionKey, Instant)>>>,
 }
 
 struct RunningEntry {
     owner: SessionKey,
     cancel: watch::Sender<bool>,
+    ticket: AdmissionTicket,
+    runner: Arc<dyn JobRunner>,
 }
 
 /// What [`Queries::cancel`] did.
@@ -110,6 +150,7 @@ pub struct Running {
     handle: QueryHandle,
     cancelled: watch::Receiver<bool>,
     running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
+    finished: Arc<Mutex<HashMap<QueryHandle, (SessionKey, Instant)>>>,
 }
 
 impl Running {
@@ -128,7 +169,12 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        lock(&self.running).remove(&self.handle);
+        let Some(entry) = lock(&self.running).remove(&self.handle) else {
+            return;
+        };
+        let mut finished = lock(&self.finished);
+        finished.retain(|_, (_, at)| at.elapsed() < PENDING_TTL);
+        finished.insert(self.handle, (entry.owner, Instant::now()));
     }
 }
 
@@ -148,6 +194,7 @@ impl Queries {
         owner: SessionKey,
         session: Arc<SluiceSession>,
         planned: PlannedStatement,
+        sql: String,
     ) -> QueryHandle {
         let handle = self.next_handle();
         let mut pending = lock(&self.pending);
@@ -158,6 +205,7 @@ impl Queries {
                 owner,
                 session,
                 planned,
+                sql,
                 filed: Instant::now(),
             },
         );
@@ -165,11 +213,7 @@ impl Queries {
     }
 
     /// Takes the statement filed under `handle` by `owner`.
-    pub fn take(
-        &self,
-        handle: QueryHandle,
-        owner: &SessionKey,
-    ) -> Result<(Arc<SluiceSession>, PlannedStatement), Status> {
+    pub fn take(&self, handle: QueryHandle, owner: &SessionKey) -> Result<Taken, Status> {
         let mut pending = lock(&self.pending);
         match pending.get(&handle) {
             Some(entry) if &entry.owner == owner => {}
@@ -187,17 +231,66 @@ impl Queries {
         let entry = pending
             .remove(&handle)
             .ok_or_else(|| Status::internal("lost a statement"))?;
-        Ok((entry.session, entry.planned))
+        Ok(Taken {
+            session: entry.session,
+            planned: entry.planned,
+            sql: entry.sql,
+        })
     }
 
-    /// Lists the statement `handle`, just taken by `owner`, as running.
-    pub fn start(&self, handle: QueryHandle, owner: SessionKey) -> Running {
+    /// Lists the statement `handle`, just taken by `owner`, as running: admitted under `ticket`,
+    /// its job on `runner`.
+    pub fn start(
+        &self,
+        handle: QueryHandle,
+        owner: SessionKey,
+        ticket: AdmissionTicket,
+        runner: Arc<dyn JobRunner>,
+    ) -> Running {
         let (cancel, cancelled) = watch::channel(false);
-        lock(&self.running).insert(handle, RunningEntry { owner, cancel });
+        let entry = RunningEntry {
+            owner,
+            cancel,
+            ticket,
+            runner,
+        };
+        lock(&self.running).insert(handle, entry);
         Running {
             handle,
             cancelled,
             running: self.running.clone(),
+            finished: self.finished.clone(),
+        }
+    }
+
+    /// Where the statement `handle` of `owner` is: planned, running or finished (remembered for
+    /// [`PENDING_TTL`] after it ended).
+    pub fn phase(&self, handle: QueryHandle, owner: &SessionKey) -> Result<Phase, Status> {
+        let stranger = || Status::permission_denied(format!("{handle} belongs to another session"));
+        if let Some(entry) = lock(&self.pending).get(&handle) {
+            return if &entry.owner == owner {
+                Ok(Phase::Planned)
+            } else {
+                Err(stranger())
+            };
+        }
+        if let Some(entry) = lock(&self.running).get(&handle) {
+            return if &entry.owner == owner {
+                Ok(Phase::Running {
+                    ticket: entry.ticket,
+                    runner: entry.runner.clone(),
+                })
+            } else {
+                Err(stranger())
+            };
+        }
+        match lock(&self.finished).get(&handle) {
+            Some((finisher, _)) if finisher == owner => Ok(Phase::Finished),
+            Some(_) => Err(stranger()),
+            None => Err(Status::not_found(format!(
+                "{handle} is unknown or expired (statements are kept {} minutes)",
+                PENDING_TTL.as_secs() / 60
+            ))),
         }
     }
 
@@ -340,7 +433,12 @@ mod tests {
         let session = local_session();
         let queries = Queries::default();
         let owner = SessionKey::Opened(SessionId(1));
-        let handle = queries.file(owner.clone(), session.clone(), planned(&session).await);
+        let handle = queries.file(
+            owner.clone(),
+            session.clone(),
+            planned(&session).await,
+            "select 1".into(),
+        );
         assert_eq!(QueryHandle::from_bytes(&handle.to_bytes()).unwrap(), handle);
         let stranger = queries.take(handle, &SessionKey::Anonymous).unwrap_err();
         assert_eq!(stranger.code(), tonic::Code::PermissionDenied);
@@ -348,7 +446,7 @@ mod tests {
             queries
                 .take(handle, &owner)
                 .unwrap()
-                .1
+                .planned
                 .schema()
                 .fields()
                 .len(),
@@ -364,7 +462,12 @@ mod tests {
         let session = local_session();
         let queries = Queries::default();
         let owner = SessionKey::Opened(SessionId(1));
-        let waiting = queries.file(owner.clone(), session.clone(), planned(&session).await);
+        let waiting = queries.file(
+            owner.clone(),
+            session.clone(),
+            planned(&session).await,
+            "select 1".into(),
+        );
         assert_eq!(
             queries
                 .cancel(waiting, &SessionKey::Anonymous)
@@ -381,9 +484,19 @@ mod tests {
             tonic::Code::NotFound
         );
 
-        let handle = queries.file(owner.clone(), session.clone(), planned(&session).await);
+        let handle = queries.file(
+            owner.clone(),
+            session.clone(),
+            planned(&session).await,
+            "select 1".into(),
+        );
         queries.take(handle, &owner).unwrap();
-        let running = queries.start(handle, owner.clone());
+        let running = queries.start(
+            handle,
+            owner.clone(),
+            AdmissionTicket::default(),
+            session.runner().clone(),
+        );
         assert_eq!(queries.running_count(), 1);
         assert_eq!(
             queries
@@ -410,6 +523,43 @@ mod tests {
             queries.cancel(handle, &owner).unwrap_err().code(),
             tonic::Code::NotFound
         );
+    }
+
+    #[tokio::test]
+    async fn a_statement_is_planned_then_running_then_finished_for_its_session_only() {
+        let session = local_session();
+        let queries = Queries::default();
+        let owner = SessionKey::Opened(SessionId(1));
+        let stranger = SessionKey::Opened(SessionId(2));
+        let phase = |handle, key: &SessionKey| match queries.phase(handle, key) {
+            Ok(Phase::Planned) => "planned".to_string(),
+            Ok(Phase::Running { .. }) => "running".to_string(),
+            Ok(Phase::Finished) => "finished".to_string(),
+            Err(status) => format!("{:?}", status.code()),
+        };
+        let handle = queries.file(
+            owner.clone(),
+            session.clone(),
+            planned(&session).await,
+            "select 1".into(),
+        );
+        assert_eq!(phase(handle, &owner), "planned");
+        assert_eq!(phase(handle, &stranger), "PermissionDenied");
+        let taken = queries.take(handle, &owner).unwrap();
+        assert_eq!(taken.sql, "select 1");
+        let running = queries.start(
+            handle,
+            owner.clone(),
+            AdmissionTicket::default(),
+            session.runner().clone(),
+        );
+        assert_eq!(phase(handle, &owner), "running");
+        assert_eq!(phase(handle, &stranger), "PermissionDenied");
+        drop(running);
+        assert_eq!(phase(handle, &owner), "finished");
+        assert_eq!(phase(handle, &stranger), "PermissionDenied");
+        let never = queries.prepare(owner.clone(), "select 2".into());
+        assert_eq!(phase(never, &owner), "NotFound");
     }
 
     #[test]

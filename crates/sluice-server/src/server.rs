@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
+
+use crate::poll::SluiceFlightService;
 use datafusion::common::runtime::SpawnedTask;
 use sluice_engine::{Result, SluiceError};
 use tokio::net::TcpListener;
@@ -17,6 +19,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::queries::Queries;
 use crate::service::SluiceFlightSql;
 use crate::sessions::Sessions;
+use crate::tls::FrontDoorTls;
 
 /// Where the Flight SQL endpoint listens unless told otherwise.
 pub const DEFAULT_FLIGHT_SQL_LISTEN: &str = "127.0.0.1:50051";
@@ -26,22 +29,28 @@ pub const DEFAULT_FLIGHT_SQL_LISTEN: &str = "127.0.0.1:50051";
 pub struct FlightSqlOptions {
     /// `host:port` to listen on (port 0 picks a free one).
     pub listen: String,
+    /// Serve `grpc+tls://` with this certificate (`None`: plain gRPC, loopback only).
+    pub tls: Option<FrontDoorTls>,
 }
 
 impl Default for FlightSqlOptions {
     fn default() -> Self {
         Self {
             listen: DEFAULT_FLIGHT_SQL_LISTEN.to_string(),
+            tls: None,
         }
     }
 }
 
-/// Binds a front door (`door`, e.g. "Flight SQL") to `listen`, refusing any address but loopback:
-/// the doors have no TLS yet, and `what` (credentials, rows) must not cross a network in clear text.
-pub(crate) async fn bind_loopback(
+/// Binds a front door (`door`, e.g. "Flight SQL") to `listen`. A loopback address always serves; any
+/// other only with `tls` (else `what`, credentials and rows, would cross a network in clear text) and
+/// with user accounts (`logins`; else anyone who reaches it runs SQL as the server).
+pub(crate) async fn bind_front_door(
     listen: &str,
     door: &str,
     what: &str,
+    tls: bool,
+    logins: bool,
 ) -> Result<(TcpListener, SocketAddr)> {
     let listen_error = |e: std::io::Error| {
         SluiceError::invalid(format!(
@@ -50,10 +59,20 @@ pub(crate) async fn bind_loopback(
     };
     let listener = TcpListener::bind(listen).await.map_err(listen_error)?;
     let address = listener.local_addr().map_err(listen_error)?;
-    if !address.ip().is_loopback() {
+    if address.ip().is_loopback() {
+        return Ok((listener, address));
+    }
+    if !tls {
         return Err(SluiceError::invalid(format!(
             "the {door} endpoint would send {what} in clear text on {address}: listen on a \
-             loopback address (TLS on the front door is not built yet)"
+             loopback address, or serve TLS (--serve-tls-cert FILE --serve-tls-key FILE) with \
+             user accounts (--users FILE)"
+        )));
+    }
+    if !logins {
+        return Err(SluiceError::invalid(format!(
+            "the {door} endpoint on {address} would let anyone who reaches it run SQL as the \
+             server: give it user accounts (--users FILE)"
         )));
     }
     Ok((listener, address))
@@ -74,21 +93,29 @@ impl FlightSqlEndpoint {
     /// Serves `sessions` on `options.listen`. The endpoint speaks plain gRPC (no TLS yet), so only a
     /// loopback address is allowed: credentials and tokens never cross a network in clear text.
     pub async fn start(sessions: Arc<Sessions>, options: &FlightSqlOptions) -> Result<Self> {
-        let (listener, address) = bind_loopback(
+        let (listener, address) = bind_front_door(
             &options.listen,
             "Flight SQL",
             "passwords and session tokens",
+            options.tls.is_some(),
+            sessions.requires_login(),
         )
         .await?;
+        let mut builder = Server::builder();
+        if let Some(tls) = &options.tls {
+            builder = builder.tls_config(tls.grpc()).map_err(|e| {
+                SluiceError::invalid(format!("TLS with {}: {e}", tls.cert.display()))
+            })?;
+        }
         let queries = Arc::new(Queries::default());
         let service = SluiceFlightSql::new(sessions.clone(), queries.clone())
             .map_err(|status| SluiceError::invalid(status.message().to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let serving = SpawnedTask::spawn(
-            Server::builder()
+            builder
                 .add_service(
-                    FlightServiceServer::new(service)
+                    FlightServiceServer::new(SluiceFlightService::new(service))
                         .max_decoding_message_size(usize::MAX)
                         .max_encoding_message_size(usize::MAX),
                 )

@@ -49,9 +49,11 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::admission::into_datafusion;
 use crate::cancellable::UntilCancelled;
 use crate::metadata;
-use crate::queries::{Queries, QueryHandle};
+use crate::poll::statement_ticket;
+use crate::queries::{Queries, QueryHandle, Taken};
 use crate::sessions::Sessions;
 use crate::status::{status_of, status_of_datafusion};
+use sluice_runtime::JobLabel;
 
 type DoGetStream = <SluiceFlightSql as FlightService>::DoGetStream;
 
@@ -87,6 +89,16 @@ impl SluiceFlightSql {
             sql_info: metadata::sql_info()?,
             xdbc_info: metadata::xdbc_type_info()?,
         })
+    }
+
+    /// The sessions it serves.
+    pub(crate) fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
+    /// The statements it filed.
+    pub(crate) fn queries(&self) -> &Arc<Queries> {
+        &self.queries
     }
 
     /// The server's state as JSON (the `sluice.state` action): what a client or test checks to see
@@ -182,23 +194,24 @@ impl SluiceFlightSql {
         session: Arc<SluiceSession>,
         key: crate::sessions::SessionKey,
         descriptor: FlightDescriptor,
+        sql: String,
     ) -> Result<Response<FlightInfo>, Status> {
         let planned = planned.await.map_err(|e| status_of(&e))?;
         let schema = planned.schema();
-        let handle = self.queries.file(key, session, planned);
-        let ticket = TicketStatementQuery {
-            statement_handle: handle.to_bytes().into(),
-        };
+        let handle = self.queries.file(key, session, planned, sql);
         let info = FlightInfo::new()
             .try_with_schema(schema.as_ref())
             .map_err(|e| Status::internal(format!("encoding the result schema: {e}")))?
-            .with_endpoint(
-                FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec())),
-            )
+            .with_endpoint(FlightEndpoint::new().with_ticket(statement_ticket(handle)))
             .with_descriptor(descriptor)
             .with_ordered(true);
         Ok(Response::new(info))
     }
+}
+
+/// The tag a statement's job carries in the driver's progress.
+pub(crate) fn statement_tag(handle: QueryHandle) -> String {
+    format!("flight-sql {handle}")
 }
 
 /// The single statement `sql` holds (Flight SQL runs one statement per request).
@@ -369,6 +382,7 @@ impl FlightSqlService for SluiceFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let (key, session) = self.sessions.of_request(&request)?;
+        let sql = query.query.clone();
         let planned = {
             let session = session.clone();
             async move {
@@ -377,7 +391,8 @@ impl FlightSqlService for SluiceFlightSql {
             }
         };
         let descriptor = request.get_ref().clone();
-        self.file_statement(planned, session, key, descriptor).await
+        self.file_statement(planned, session, key, descriptor, sql)
+            .await
     }
 
     async fn get_flight_info_prepared_statement(
@@ -388,6 +403,7 @@ impl FlightSqlService for SluiceFlightSql {
         let (key, session) = self.sessions.of_request(&request)?;
         let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
         let prepared = self.queries.prepared(handle, &key)?;
+        let sql = prepared.sql.clone();
         let planned = {
             let session = session.clone();
             async move {
@@ -397,7 +413,8 @@ impl FlightSqlService for SluiceFlightSql {
             }
         };
         let descriptor = request.get_ref().clone();
-        self.file_statement(planned, session, key, descriptor).await
+        self.file_statement(planned, session, key, descriptor, sql)
+            .await
     }
 
     async fn do_get_statement(
@@ -407,11 +424,26 @@ impl FlightSqlService for SluiceFlightSql {
     ) -> Result<Response<DoGetStream>, Status> {
         let (key, _) = self.sessions.of_request(&request)?;
         let handle = QueryHandle::from_bytes(&ticket.statement_handle)?;
-        let (session, planned) = self.queries.take(handle, &key)?;
-        let running = self.queries.start(handle, key);
+        let Taken {
+            session,
+            planned,
+            sql,
+        } = self.queries.take(handle, &key)?;
+        let label = JobLabel {
+            tag: statement_tag(handle),
+            sql,
+            user: self.sessions.user_name(&key),
+        };
+        let admission = self.sessions.admission();
+        let ticket = admission.ticket();
+        let running = self
+            .queries
+            .start(handle, key, ticket, session.runner().clone());
         let schema = planned.schema();
-        let stream = self.sessions.admission().run(schema, move || {
-            session.run(planned).map_err(into_datafusion)
+        let stream = admission.run_as(ticket, schema, move || {
+            session
+                .run_labelled(planned, label)
+                .map_err(into_datafusion)
         });
         let ended = Status::cancelled(format!("{handle} was cancelled (CancelFlightInfo)"));
         Ok(Response::new(Box::pin(UntilCancelled::new(

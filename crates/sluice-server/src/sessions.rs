@@ -213,6 +213,14 @@ impl Sessions {
         Some((SessionKey::Opened(id), entry.session.clone()))
     }
 
+    /// The user a request with `key` runs for (`anonymous` without a handshake).
+    pub fn user_name(&self, key: &SessionKey) -> String {
+        match key {
+            SessionKey::Opened(id) => self.user_of(*id).unwrap_or_else(|| "unknown".to_string()),
+            SessionKey::Anonymous => "anonymous".to_string(),
+        }
+    }
+
     /// The user who opened session `id`.
     pub fn user_of(&self, id: SessionId) -> Option<String> {
         self.lock().get(&id).map(|opened| opened.user.clone())

@@ -35,14 +35,23 @@ async fn server_with(users: Option<Users>) -> Server {
 }
 
 async fn server_limited(users: Option<Users>, max_concurrent_jobs: Option<usize>) -> Server {
+    server_on(
+        Arc::new(sluice_runtime::LocalRunner),
+        users,
+        max_concurrent_jobs,
+    )
+    .await
+}
+
+async fn server_on(
+    runner: Arc<dyn sluice_runtime::JobRunner>,
+    users: Option<Users>,
+    max_concurrent_jobs: Option<usize>,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.csv");
     std::fs::write(&path, "a,b\n1,x\n2,y\n3,z\n").unwrap();
-    let mut base = SluiceSession::new(
-        &SluiceConfig::default(),
-        Arc::new(sluice_runtime::LocalRunner),
-    )
-    .unwrap();
+    let mut base = SluiceSession::new(&SluiceConfig::default(), runner).unwrap();
     base.register_table(table_at("t", &path).unwrap())
         .await
         .unwrap();
@@ -54,6 +63,7 @@ async fn server_limited(users: Option<Users>, max_concurrent_jobs: Option<usize>
     );
     let options = FlightSqlOptions {
         listen: "127.0.0.1:0".into(),
+        tls: None,
     };
     let endpoint = FlightSqlEndpoint::start(sessions, &options).await.unwrap();
     Server {
@@ -292,7 +302,7 @@ async fn with_accounts_only_a_right_password_opens_a_session() {
 }
 
 #[tokio::test]
-async fn only_loopback_addresses_serve_until_the_front_door_has_tls() {
+async fn only_loopback_addresses_serve_without_tls() {
     let base = SluiceSession::new(
         &SluiceConfig::default(),
         Arc::new(sluice_runtime::LocalRunner),
@@ -301,6 +311,7 @@ async fn only_loopback_addresses_serve_until_the_front_door_has_tls() {
     let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await.unwrap());
     let options = FlightSqlOptions {
         listen: "0.0.0.0:0".into(),
+        tls: None,
     };
     let error = FlightSqlEndpoint::start(sessions, &options)
         .await
@@ -310,7 +321,8 @@ async fn only_loopback_addresses_serve_until_the_front_door_has_tls() {
         text.starts_with(
             "the Flight SQL endpoint would send passwords and session tokens in clear text on 0.0.0.0:"
         ) && text.ends_with(
-            ": listen on a loopback address (TLS on the front door is not built yet)"
+            ": listen on a loopback address, or serve TLS (--serve-tls-cert FILE --serve-tls-key \
+             FILE) with user accounts (--users FILE)"
         ),
         "{text}"
     );
@@ -439,4 +451,168 @@ async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends()
     let ended = long_fetch.join().await.unwrap().unwrap_err();
     assert_eq!(status_of(ended).code(), tonic::Code::Cancelled);
     assert_eq!(server.endpoint.queued_statements(), 0);
+}
+
+/// One `PollFlightInfo` with `descriptor`: the info's JSON progress report, the next descriptor
+/// (none once complete) and the progress fraction.
+async fn poll(
+    client: &FlightSqlServiceClient<Channel>,
+    descriptor: arrow_flight::FlightDescriptor,
+) -> (
+    serde_json::Value,
+    Option<arrow_flight::FlightDescriptor>,
+    Option<f64>,
+    FlightInfo,
+) {
+    let mut raw = client.inner().clone();
+    let polled = raw.poll_flight_info(descriptor).await.unwrap().into_inner();
+    let info = polled.info.unwrap();
+    let json = if info.app_metadata.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&info.app_metadata).unwrap()
+    };
+    (json, polled.flight_descriptor, polled.progress, info)
+}
+
+fn statement_descriptor(sql: &str) -> arrow_flight::FlightDescriptor {
+    use arrow_flight::sql::{CommandStatementQuery, ProstMessageExt};
+    use prost::Message;
+    let command = CommandStatementQuery {
+        query: sql.to_string(),
+        transaction_id: None,
+    };
+    arrow_flight::FlightDescriptor::new_cmd(command.as_any().encode_to_vec())
+}
+
+#[tokio::test]
+async fn poll_flight_info_reports_planned_queued_running_tasks_and_finished() {
+    let runner = Arc::new(sluice_runtime::LocalGraphRunner::default());
+    let server = server_on(runner, None, Some(1)).await;
+    let mut client = client(&server).await;
+
+    let (json, long_poll, progress, long) = poll(&client, statement_descriptor(LONG)).await;
+    assert_eq!(json, serde_json::json!({"state": "planned"}));
+    assert_eq!(progress, Some(0.0));
+    let long_poll = long_poll.expect("a planned statement is not complete");
+    let long_fetch = fetch_in_background(&client, &long);
+    let started = std::time::Instant::now();
+    let report = loop {
+        let (json, next, _, _) = poll(&client, long_poll.clone()).await;
+        assert!(
+            next.is_some(),
+            "a running statement is not complete: {json}"
+        );
+        if json["tasks_total"].as_u64().unwrap_or(0) > 0 {
+            break json;
+        }
+        assert!(started.elapsed().as_secs() < 30, "no task progress: {json}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(report["state"], "running", "{report}");
+    let line = report["line"].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!("job {} · tasks ", report["job"])),
+        "{line}"
+    );
+
+    let (_, short_poll, _, short) = poll(&client, statement_descriptor("select 7 as n")).await;
+    let short_poll = short_poll.unwrap();
+    let short_fetch = fetch_in_background(&client, &short);
+    wait_for("the short statement never queued", || {
+        server.endpoint.queued_statements() == 1
+    })
+    .await;
+    let (json, _, progress, _) = poll(&client, short_poll.clone()).await;
+    assert_eq!(
+        json,
+        serde_json::json!({"state": "queued", "queue_position": 1})
+    );
+    assert_eq!(progress, Some(0.0));
+
+    cancel_flight_info(&mut client, &long).await;
+    let rows = short_fetch.join().await.unwrap().unwrap();
+    assert_eq!(
+        pretty_format_batches(&rows).unwrap().to_string(),
+        "+---+\n| n |\n+---+\n| 7 |\n+---+"
+    );
+    long_fetch.join().await.unwrap().unwrap_err();
+    for finished in [short_poll, long_poll] {
+        let (json, next, progress, _) = poll(&client, finished).await;
+        assert_eq!(json, serde_json::json!({"state": "finished"}));
+        assert!(next.is_none(), "a finished statement is complete");
+        assert_eq!(progress, Some(1.0));
+    }
+
+    // Metadata is complete at once.
+    use arrow_flight::sql::{CommandGetCatalogs, ProstMessageExt};
+    use prost::Message;
+    let catalogs =
+        arrow_flight::FlightDescriptor::new_cmd(CommandGetCatalogs {}.as_any().encode_to_vec());
+    let (_, next, progress, info) = poll(&client, catalogs).await;
+    assert!(next.is_none());
+    assert_eq!(progress, Some(1.0));
+    assert_eq!(info.endpoint.len(), 1);
+}
+
+/// A self-signed certificate for 127.0.0.1 as PEM files in `dir`: (cert, key).
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let paths = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&paths.0, cert.pem()).unwrap();
+    std::fs::write(&paths.1, key.serialize_pem()).unwrap();
+    paths
+}
+
+#[tokio::test]
+async fn any_address_serves_only_with_tls_and_user_accounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(dir.path());
+    let tls = sluice_server::tls::FrontDoorTls::from_files(&cert, &key).unwrap();
+    let options = FlightSqlOptions {
+        listen: "0.0.0.0:0".into(),
+        tls: Some(tls),
+    };
+    let base = || {
+        SluiceSession::new(
+            &SluiceConfig::default(),
+            Arc::new(sluice_runtime::LocalRunner),
+        )
+        .unwrap()
+    };
+    let open = Arc::new(Sessions::new(SessionFactory::new(base())).await.unwrap());
+    let error = FlightSqlEndpoint::start(open, &options).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.ends_with(
+            "would let anyone who reaches it run SQL as the server: give it user accounts \
+             (--users FILE)"
+        ),
+        "{text}"
+    );
+    let verifier = Verifier::new("s3cret", b"some salt", 64).to_text();
+    let users = Users::parse(&format!("ann:{verifier}")).unwrap();
+    let guarded = Arc::new(
+        Sessions::with_users(SessionFactory::new(base()), Some(users))
+            .await
+            .unwrap(),
+    );
+    let endpoint = FlightSqlEndpoint::start(guarded, &options).await.unwrap();
+    assert!(
+        endpoint.address().ip().is_unspecified(),
+        "{}",
+        endpoint.address()
+    );
+
+    let broken =
+        std::fs::write(dir.path().join("empty.pem"), "").map(|()| dir.path().join("empty.pem"));
+    let error = sluice_server::tls::FrontDoorTls::from_files(&broken.unwrap(), &key).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .ends_with("empty.pem: not a PEM certificate chain: no certificate in it"),
+        "{error}"
+    );
 }

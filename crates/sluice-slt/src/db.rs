@@ -79,7 +79,7 @@ impl SltDb {
     /// A fresh session on the server at `url`, with `config`'s settings replayed as `SET`s (those
     /// not at their defaults), so the files see what a local session would.
     pub async fn connect(url: &str, config: &SluiceConfig) -> Result<Self, SltError> {
-        let mut session = RemoteSession::connect(url)
+        let session = RemoteSession::connect(url)
             .await
             .map_err(|status| SltError::Other(format!("{url}: {}", status.message())))?;
         for (key, value) in &config.session {

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
+use futures::future::BoxFuture;
 use serde::Serialize;
+use sluice_runtime::DriverCounters;
 
 use crate::answers::{ANSWER_SCALE_FACTOR, compare, format_rows, official_answer};
 use crate::datagen::{TPCH_TABLES, check_scale_factor, read_manifest};
@@ -16,6 +18,45 @@ use crate::queries::{TpchQuery, tpch_query};
 use sluice_engine::catalog::discover_tables;
 use sluice_engine::session::{SluiceSession, collect_stream};
 use sluice_engine::{Result, SluiceError};
+
+/// Where the benchmark runs its statements: a session of this process, or (for the CLI's
+/// `--connect`) a session on a `sluice server`.
+pub trait QueryTarget: Sync {
+    /// Runs one SQL statement and collects its rows.
+    fn run_statement<'a>(&'a self, sql: &'a str) -> BoxFuture<'a, Result<Vec<RecordBatch>>>;
+    /// What the target's driver counted so far (zero when it cannot tell).
+    fn counters(&self) -> BoxFuture<'_, DriverCounters>;
+    /// The mode the report names.
+    fn mode_name(&self) -> String;
+    /// The target's `datafusion.execution.target_partitions`, as the report names it.
+    fn target_partitions(&self) -> usize;
+}
+
+impl QueryTarget for SluiceSession {
+    fn run_statement<'a>(&'a self, sql: &'a str) -> BoxFuture<'a, Result<Vec<RecordBatch>>> {
+        Box::pin(async move {
+            let mut batches = Vec::new();
+            for statement in self.parse_sql(sql)? {
+                batches = collect_stream(self.execute_statement(statement).await?)
+                    .await?
+                    .batches;
+            }
+            Ok(batches)
+        })
+    }
+
+    fn counters(&self) -> BoxFuture<'_, DriverCounters> {
+        self.runner().counters()
+    }
+
+    fn mode_name(&self) -> String {
+        self.runner().mode_name().to_string()
+    }
+
+    fn target_partitions(&self) -> usize {
+        self.context().state().config().target_partitions()
+    }
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -146,16 +187,14 @@ pub async fn open_tpch_data(
 
 /// Runs every statement of `query`, returning the result statement's batches.
 pub async fn run_tpch_query(
-    session: &SluiceSession,
+    target: &dyn QueryTarget,
     query: &TpchQuery,
 ) -> Result<Vec<RecordBatch>> {
     let mut result = Vec::new();
     for (index, sql) in query.statements.iter().enumerate() {
-        for statement in session.parse_sql(sql)? {
-            let output = collect_stream(session.execute_statement(statement).await?).await?;
-            if index == query.result_statement {
-                result = output.batches;
-            }
+        let batches = target.run_statement(sql).await?;
+        if index == query.result_statement {
+            result = batches;
         }
     }
     Ok(result)
@@ -172,7 +211,7 @@ fn median(values: &[f64]) -> f64 {
 }
 
 async fn run_one(
-    session: &SluiceSession,
+    session: &dyn QueryTarget,
     reference: Option<&SluiceSession>,
     number: u8,
     options: &BenchOptions,
@@ -200,9 +239,9 @@ async fn run_one(
             return report;
         }
     };
-    let before = session.runner().counters().await;
+    let before = session.counters().await;
     let outcome = run_iterations(session, &query, number, options, progress, &mut report).await;
-    let counters = session.runner().counters().await.since(&before);
+    let counters = session.counters().await.since(&before);
     report.workers_lost = counters.workers_lost;
     report.regions_retried = counters.regions_retried;
     report.tasks_retried = counters.tasks_retried;
@@ -237,7 +276,7 @@ async fn run_one(
 /// Runs every iteration of `query`, recording their times; `None` (with the error recorded) when
 /// one fails, else the last iteration's batches.
 async fn run_iterations(
-    session: &SluiceSession,
+    session: &dyn QueryTarget,
     query: &TpchQuery,
     number: u8,
     options: &BenchOptions,
@@ -295,7 +334,7 @@ async fn compare_with(
 /// Runs the queries and returns the report; `progress` sees each iteration start and each query end.
 /// With `reference`, every result is also compared with that (local-mode) session's.
 pub async fn run_benchmark(
-    session: &SluiceSession,
+    session: &dyn QueryTarget,
     reference: Option<&SluiceSession>,
     options: &BenchOptions,
     progress: &mut dyn FnMut(BenchEvent<'_>),
@@ -313,9 +352,9 @@ pub async fn run_benchmark(
         queries.push(report);
     }
     Ok(BenchReport {
-        mode: session.runner().mode_name().to_string(),
+        mode: session.mode_name(),
         scale_factor: options.scale_factor,
-        target_partitions: session.context().state().config().target_partitions(),
+        target_partitions: session.target_partitions(),
         iterations: options.iterations.max(1),
         total_min: queries.iter().map(|q| q.min).sum(),
         total_median: queries.iter().map(|q| q.median).sum(),

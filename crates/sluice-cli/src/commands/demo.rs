@@ -55,5 +55,12 @@ pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<E
         verify: false,
         scale_factor,
     };
-    run_and_report(&session, reference.as_ref(), &options, None, runtime)
+    run_and_report(
+        &session,
+        session.runner(),
+        reference.as_ref(),
+        &options,
+        None,
+        runtime,
+    )
 }

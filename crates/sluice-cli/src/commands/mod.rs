@@ -19,7 +19,7 @@ pub use demo::DemoArgs;
 pub use explain::ExplainArgs;
 pub use server::ServerArgs;
 pub use slt::SltArgs;
-pub use sql::{SqlArgs, run_statements};
+pub use sql::{SqlArgs, run_remote, run_statements};
 pub use tpch::TpchCommand;
 pub use worker::WorkerArgs;
 

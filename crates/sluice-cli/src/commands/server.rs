@@ -16,6 +16,7 @@ use sluice_engine::catalog::{TableSource, discover_tables, parse_table_arg};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use sluice_server::postgres::DEFAULT_PG_LISTEN;
 use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
+use sluice_server::tls::FrontDoorTls;
 use sluice_server::users::{Users, Verifier};
 use sluice_server::{
     FlightSqlEndpoint, FlightSqlOptions, PgEndpoint, PgOptions, SessionFactory, Sessions,
@@ -47,6 +48,14 @@ pub struct ServerArgs {
     /// every client must log in. Without it anyone on this machine may connect.
     #[arg(long, value_name = "FILE")]
     pub users: Option<std::path::PathBuf>,
+    /// Serve both front doors over TLS with this certificate chain (PEM; with
+    /// --serve-tls-key): Flight SQL as `grpc+tls://`, Postgres with `sslmode=require` only. With
+    /// TLS and --users the doors may listen on any address, not only loopback.
+    #[arg(long, value_name = "FILE", requires = "serve_tls_key")]
+    pub serve_tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --serve-tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "serve_tls_cert")]
+    pub serve_tls_key: Option<std::path::PathBuf>,
 }
 
 /// Runs `sluice server` until SIGTERM or Ctrl-C.
@@ -65,6 +74,10 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     let stop = StopSignal::listen();
     // Bad accounts fail before any worker starts.
     let users = args.users.as_deref().map(Users::load).transpose()?;
+    let tls = match (&args.serve_tls_cert, &args.serve_tls_key) {
+        (Some(cert), Some(key)) => Some(FrontDoorTls::from_files(cert, key)?),
+        _ => None,
+    };
     let runner = runner_for(&config);
     let mut base = SluiceSession::new(&config, runner.clone())?;
     for source in table_sources(&args.tables)? {
@@ -89,6 +102,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         sessions.clone(),
         &PgOptions {
             listen: args.pg_listen.clone(),
+            tls: tls.clone(),
         },
     )
     .await?;
@@ -96,6 +110,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         sessions,
         &FlightSqlOptions {
             listen: args.flight_sql_listen.clone(),
+            tls: tls.clone(),
         },
     )
     .await?;
@@ -104,12 +119,16 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     } else {
         "no login".to_string()
     };
+    let (grpc, ssl) = match tls {
+        Some(_) => ("grpc+tls", ", TLS only"),
+        None => ("grpc", ""),
+    };
     eprintln!(
-        "sluice server: Postgres on postgres://{} ({login})",
+        "sluice server: Postgres on postgres://{} ({login}{ssl})",
         postgres.address()
     );
     eprintln!(
-        "sluice server: Flight SQL on grpc://{} ({} mode, {} tables, {login})",
+        "sluice server: Flight SQL on {grpc}://{} ({} mode, {} tables, {login})",
         endpoint.address(),
         runner.mode_name(),
         endpoint.sessions().base().tables().len()

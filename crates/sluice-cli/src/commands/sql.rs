@@ -13,10 +13,9 @@ use sluice_engine::{
 };
 use tokio::runtime::Runtime;
 
-use sluice_server::RemoteSession;
-
 use crate::cancel::until_ctrl_c;
 use crate::output::{OutputFormat, ResultWriter};
+use crate::remote::Remote;
 use crate::runners::runner_for;
 use crate::shell;
 
@@ -81,18 +80,23 @@ pub struct SqlArgs {
 /// Runs `sluice sql`.
 pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
     if let Some(url) = &args.connect {
+        let remote = runtime.block_on(Remote::connect(url))?;
         let sql = match (&args.query, &args.file) {
             (Some(query), _) => query.clone(),
             (None, Some(path)) => {
                 std::fs::read_to_string(path).map_err(|e| SluiceError::io(path, e))?
             }
-            (None, None) => {
-                return Err(SluiceError::invalid(
-                    "--connect runs a query argument or -f FILE (the shell does not connect yet)",
-                ));
+            (None, None) if std::io::stdin().is_terminal() => {
+                shell::run(
+                    &shell::Target::Remote(Box::new(remote)),
+                    runtime,
+                    args.format,
+                )?;
+                return Ok(ExitCode::SUCCESS);
             }
+            (None, None) => read_stdin()?,
         };
-        runtime.block_on(until_ctrl_c(run_remote(url, &sql, args.format)))?;
+        runtime.block_on(until_ctrl_c(run_remote(&remote, &sql, args.format)))?;
         return Ok(ExitCode::SUCCESS);
     }
     let session = runtime.block_on(args.tables.open_session(config))?;
@@ -102,24 +106,27 @@ pub fn run(args: SqlArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<Ex
             std::fs::read_to_string(path).map_err(|e| SluiceError::io(path, e))?
         }
         (None, None) if std::io::stdin().is_terminal() => {
-            shell::run(&session, runtime, args.format)?;
+            shell::run(&shell::Target::Local(&session), runtime, args.format)?;
             return Ok(ExitCode::SUCCESS);
         }
-        (None, None) => {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .map_err(|e| SluiceError::io("<stdin>", e))?;
-            text
-        }
+        (None, None) => read_stdin()?,
     };
     runtime.block_on(until_ctrl_c(run_statements(&session, &sql, args.format)))?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs each statement of `sql` on the server at `url`, printing results as local mode does.
-/// Statements are split here (with a local parser) and sent one by one.
-async fn run_remote(url: &str, sql: &str, format: OutputFormat) -> Result<()> {
+fn read_stdin() -> Result<String> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| SluiceError::io("<stdin>", e))?;
+    Ok(text)
+}
+
+/// Runs each statement of `sql` on the server `remote` is connected to, printing results and the
+/// progress line as local mode does. Statements are split here (with a local parser) and sent one
+/// by one.
+pub async fn run_remote(remote: &Remote, sql: &str, format: OutputFormat) -> Result<()> {
     let parser = SluiceSession::new(
         &SluiceConfig::default(),
         std::sync::Arc::new(sluice_runtime::LocalRunner),
@@ -128,9 +135,6 @@ async fn run_remote(url: &str, sql: &str, format: OutputFormat) -> Result<()> {
     if statements.is_empty() {
         return Err(SluiceError::invalid("no SQL statement given"));
     }
-    let remote_error =
-        |status: sluice_server::Status| SluiceError::invalid(one_line(status.message()));
-    let mut remote = RemoteSession::connect(url).await.map_err(remote_error)?;
     for statement in statements {
         let text = match statement {
             SluiceStatement::Sql(statement) => statement.to_string(),
@@ -143,7 +147,13 @@ async fn run_remote(url: &str, sql: &str, format: OutputFormat) -> Result<()> {
             }
         };
         let start = Instant::now();
-        let output = remote.execute(&text).await.map_err(remote_error)?;
+        let line = crate::progress::job_line();
+        let show = |text: &str| line.set_message(text.to_string());
+        let say = |text: &str| line.suspend(|| eprintln!("{text}"));
+        let output =
+            crate::progress::with_job_progress(remote, &show, &say, remote.run(&text)).await;
+        line.finish_and_clear();
+        let output = output?;
         let mut writer = ResultWriter::new(
             format,
             output.schema.clone(),
@@ -159,16 +169,6 @@ async fn run_remote(url: &str, sql: &str, format: OutputFormat) -> Result<()> {
         eprintln!("{rows} {noun} in {:.3}s", start.elapsed().as_secs_f64());
     }
     Ok(())
-}
-
-/// A server's message on one line, as the CLI prints errors.
-fn one_line(message: &str) -> String {
-    message
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Runs one statement, streaming its result to stdout; returns the row count.

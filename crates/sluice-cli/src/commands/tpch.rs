@@ -8,13 +8,14 @@ use clap::{Args, Subcommand};
 use sluice_engine::config::Sourced;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError, SluiceSession};
 use sluice_tpch::bench::{
-    BenchEvent, BenchOptions, BenchReport, QueryReport, open_tpch_data, run_benchmark,
+    BenchEvent, BenchOptions, BenchReport, QueryReport, QueryTarget, open_tpch_data, run_benchmark,
 };
 use sluice_tpch::{GenEvent, GenOptions, Manifest, QUERY_NUMBERS, generate};
 use tokio::runtime::Runtime;
 
 use crate::cancel::until_ctrl_c;
 use crate::progress;
+use crate::remote::{ProgressSource, Remote};
 
 /// `sluice tpch …`.
 #[derive(Debug, Subcommand)]
@@ -62,9 +63,14 @@ pub struct GenArgs {
 /// Arguments of `sluice tpch run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Directory written by `sluice tpch gen`.
-    #[arg(long, value_name = "DIR")]
-    pub data: PathBuf,
+    /// Directory written by `sluice tpch gen` (with `--connect`: only read for its scale factor
+    /// and for `--compare-local`).
+    #[arg(long, value_name = "DIR", required_unless_present = "connect")]
+    pub data: Option<PathBuf>,
+    /// Run the queries on the `sluice server` at this address (`grpc://HOST:PORT`), on its tables,
+    /// in a session of their own; needs `--scale` or `--data DIR` with the same data's `tpch.json`.
+    #[arg(long, value_name = "URL")]
+    pub connect: Option<String>,
     /// Query to run, 1 to 22 (repeatable) [default: all 22].
     #[arg(
         long = "query",
@@ -88,6 +94,29 @@ pub struct RunArgs {
     /// Also run every query in local mode and compare the rows (any scale factor).
     #[arg(long)]
     pub compare_local: bool,
+}
+
+/// The scale factor of the data a server reads: `--scale`, else `--data DIR`'s `tpch.json`.
+fn remote_scale_factor(given: Option<f64>, data: Option<&Path>) -> Result<f64> {
+    let scale_factor = match (given, data) {
+        (Some(given), _) => given,
+        (None, Some(dir)) => sluice_tpch::read_manifest(dir)?
+            .map(|manifest| manifest.scale_factor)
+            .ok_or_else(|| {
+                SluiceError::invalid(format!(
+                    "{}: cannot tell the scale factor (no tpch.json); pass --scale",
+                    dir.display()
+                ))
+            })?,
+        (None, None) => {
+            return Err(SluiceError::invalid(
+                "--connect: pass --scale (the scale factor of the server's TPC-H tables) or \
+                 --data DIR with their tpch.json",
+            ));
+        }
+    };
+    sluice_tpch::datagen::check_scale_factor(scale_factor)?;
+    Ok(scale_factor)
 }
 
 /// Runs a `tpch` sub-command.
@@ -114,25 +143,48 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
             if args.iterations == 0 {
                 return Err(SluiceError::invalid("--iterations must be at least 1"));
             }
-            let mut session = SluiceSession::new(config, crate::runners::runner_for(config))?;
-            let scale_factor =
-                runtime.block_on(open_tpch_data(&mut session, &args.data, args.scale))?;
-            let options = BenchOptions {
+            let reference = match (&args.data, args.compare_local) {
+                (Some(data), true) => Some(local_reference(config, data, runtime)?),
+                (None, true) => {
+                    return Err(SluiceError::invalid(
+                        "--compare-local needs --data DIR (the same data the server reads)",
+                    ));
+                }
+                (_, false) => None,
+            };
+            let options = |scale_factor| BenchOptions {
                 queries,
                 iterations: args.iterations,
                 verify: args.verify,
                 scale_factor,
             };
-            let reference = if args.compare_local {
-                Some(local_reference(config, &args.data, runtime)?)
-            } else {
-                None
-            };
+            let json = args.json.as_deref();
+            if let Some(url) = &args.connect {
+                let scale_factor = remote_scale_factor(args.scale, args.data.as_deref())?;
+                let remote = runtime.block_on(Remote::connect(url))?;
+                let options = options(scale_factor);
+                return run_and_report(
+                    &remote,
+                    &remote,
+                    reference.as_ref(),
+                    &options,
+                    json,
+                    runtime,
+                );
+            }
+            let data = args
+                .data
+                .as_deref()
+                .ok_or_else(|| SluiceError::invalid("--data DIR is needed"))?;
+            let mut session = SluiceSession::new(config, crate::runners::runner_for(config))?;
+            let scale_factor = runtime.block_on(open_tpch_data(&mut session, data, args.scale))?;
+            let options = options(scale_factor);
             run_and_report(
                 &session,
+                session.runner(),
                 reference.as_ref(),
                 &options,
-                args.json.as_deref(),
+                json,
                 runtime,
             )
         }
@@ -226,7 +278,8 @@ fn write_queries(args: &QueriesArgs) -> Result<()> {
 
 /// Runs the benchmark, prints its table (and the pass/fail line when verifying), writes `--json`.
 pub fn run_and_report(
-    session: &SluiceSession,
+    session: &dyn QueryTarget,
+    source: &dyn ProgressSource,
     reference: Option<&SluiceSession>,
     options: &BenchOptions,
     json: Option<&Path>,
@@ -254,10 +307,7 @@ pub fn run_and_report(
     let say = |line: &str| bar.suspend(|| eprintln!("{line}"));
     let work = run_benchmark(session, reference, options, &mut on_event);
     let report = runtime.block_on(until_ctrl_c(progress::with_job_progress(
-        session.runner(),
-        &show,
-        &say,
-        work,
+        source, &show, &say, work,
     )));
     bar.finish_and_clear();
     let report = report?;

@@ -145,3 +145,35 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A CA and one certificate for `localhost` / `127.0.0.1` signed by it, as PEM files in `dir`:
+/// (cert, key, ca).
+pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Distinct names: OpenSSL (psql) takes a certificate whose issuer is its own subject for a
+    // self-signed one, and rcgen gives every certificate the same default name.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Sluice test CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let paths = (
+        dir.join("node.pem"),
+        dir.join("node.key"),
+        dir.join("ca.pem"),
+    );
+    std::fs::write(&paths.0, cert.pem()).unwrap();
+    std::fs::write(&paths.1, key.serialize_pem()).unwrap();
+    std::fs::write(&paths.2, ca_cert.pem()).unwrap();
+    paths
+}

@@ -107,6 +107,31 @@ def error_of(conn, sql):
     return caught.value
 
 
+def test_incremental_execution_polls_the_statement_until_it_finished(cluster, local):
+    """ADBC's incremental execution runs on PollFlightInfo: the first call hands out the partition
+    of a planned statement (with its JSON state), reading it runs the job, the next call finds the
+    statement finished (no partitions left)."""
+    import pyarrow.flight
+    from adbc_driver_flightsql import StatementOptions as FlightOptions
+    from adbc_driver_manager import StatementOptions
+
+    sql = "select l_returnflag, count(*) as n from lineitem group by l_returnflag order by l_returnflag"
+    with cluster.cursor() as cur:
+        cur.adbc_statement.set_options(**{StatementOptions.INCREMENTAL.value: "true"})
+        partitions, schema = cur.adbc_execute_partitions(sql)
+        assert len(partitions) == 1
+        assert cur.adbc_statement.get_option_float(StatementOptions.PROGRESS.value) == 0.0
+        info = cur.adbc_statement.get_option_bytes(FlightOptions.LAST_FLIGHT_INFO.value)
+        assert pyarrow.flight.FlightInfo.deserialize(info).app_metadata == b'{"state":"planned"}'
+        with cluster.cursor() as reader:
+            reader.adbc_read_partition(partitions[0])
+            got = reader.fetch_arrow_table()
+        more, _ = cur.adbc_execute_partitions(sql)
+        assert more == [], "the statement finished: nothing more to poll"
+    assert got.schema == schema
+    assert got.equals(run(local, [sql]))
+
+
 def test_a_syntax_error_is_invalid_argument_with_the_local_text(cluster):
     error = error_of(cluster, "selec 1")
     assert error.status_code == adbc_driver_manager.AdbcStatusCode.INVALID_ARGUMENT

@@ -269,6 +269,7 @@ impl DriverActor {
                     job: job.0,
                     stages,
                     retries: entry.retries,
+                    label: entry.label.clone(),
                 }
             })
             .collect();
@@ -312,6 +313,7 @@ impl DriverActor {
             _ => None,
         };
         let analyze = is_analyze(&graph);
+        let label = super::JobLabel::of(&context);
         let (job, actions) = self.scheduler.accept_job(graph.clone());
         self.jobs.insert(
             job,
@@ -330,6 +332,7 @@ impl DriverActor {
                 reruns: 0,
                 output,
                 phase: JobPhase::Running,
+                label,
             },
         );
         let _ = reply.send(Ok(job));

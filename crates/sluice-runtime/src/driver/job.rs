@@ -54,6 +54,8 @@ pub(super) struct JobEntry {
     pub reruns: usize,
     pub output: mpsc::UnboundedSender<OutputCommand>,
     pub phase: JobPhase,
+    /// Who asked for the job (from its session config), for progress reports.
+    pub label: Option<Arc<super::JobLabel>>,
 }
 
 impl JobEntry {

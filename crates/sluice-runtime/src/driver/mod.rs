@@ -13,7 +13,8 @@
 //!
 //! Modules: `actor` (event handling and the scheduler's actions), `job` (per-job state),
 //! `definitions` (the pure task-definition builder), `placement` (pure slot assignment), `shipping`
-//! (each stage's plan, once per job), `output` (the job output forwarder), `progress`.
+//! (each stage's plan, once per job), `output` (the job output forwarder), `progress`, `label`
+//! (who asked for a job).
 //!
 //! Invariants: all driver state lives in the actor, which handles one event at a time (no locks);
 //! handlers and RPC replies only send events; a job's streams are cleaned up on every worker once its
@@ -22,6 +23,7 @@
 mod actor;
 mod definitions;
 mod job;
+mod label;
 mod output;
 mod placement;
 mod progress;
@@ -45,6 +47,7 @@ use crate::definition::TaskStatusReport;
 use crate::error::sluice_error;
 use crate::transport::{RunTaskError, StatusReporter, StreamFetcher, WorkerClient};
 
+pub use label::JobLabel;
 pub use progress::{JobProgress, StageProgress, progress_line};
 
 use output::OutputCommand;

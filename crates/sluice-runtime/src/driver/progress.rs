@@ -2,6 +2,9 @@
 //! running and total, and rows its finished tasks wrote; per job, regions retried.
 
 use std::fmt::Write;
+use std::sync::Arc;
+
+use super::JobLabel;
 
 /// One stage's progress.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,6 +28,8 @@ pub struct JobProgress {
     pub stages: Vec<StageProgress>,
     /// Regions retried so far.
     pub retries: usize,
+    /// Who asked for the job, when its front end said.
+    pub label: Option<Arc<JobLabel>>,
 }
 
 impl JobProgress {
@@ -91,6 +96,7 @@ mod tests {
                 },
             ],
             retries: 0,
+            label: None,
         };
         assert_eq!(
             progress.line(),

@@ -40,6 +40,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use crate::sessions::Sessions;
+use crate::tls::{FrontDoorTls, fatal_error, opens_with_tls_or_cancel};
 use cancel::PgCancel;
 use connection::PgConnection;
 use errors::PgErrors;
@@ -53,12 +54,16 @@ pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:5433";
 pub struct PgOptions {
     /// `host:port` to listen on (port 0 picks a free one).
     pub listen: String,
+    /// Accept `SSLRequest` with this certificate, and refuse connections that do not ask for TLS
+    /// (`None`: no TLS, loopback only).
+    pub tls: Option<FrontDoorTls>,
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
         Self {
             listen: DEFAULT_PG_LISTEN.to_string(),
+            tls: None,
         }
     }
 }
@@ -75,12 +80,19 @@ impl PgEndpoint {
     /// Serves `sessions`' base session (each connection forks it) on `options.listen`, a loopback
     /// address (no TLS yet), with `sessions`' accounts.
     pub async fn start(sessions: Arc<Sessions>, options: &PgOptions) -> Result<Self> {
-        let (listener, address) =
-            crate::server::bind_loopback(&options.listen, "Postgres", "passwords and rows").await?;
+        let (listener, address) = crate::server::bind_front_door(
+            &options.listen,
+            "Postgres",
+            "passwords and rows",
+            options.tls.is_some(),
+            sessions.requires_login(),
+        )
+        .await?;
         let (stop, stopped) = oneshot::channel::<()>();
         let accept = Acceptor {
             sessions,
             registry: Arc::new(Registry::default()),
+            tls: options.tls.clone(),
         };
         let serving = SpawnedTask::spawn(accept.serve(listener, stopped));
         Ok(Self {
@@ -118,6 +130,7 @@ impl Drop for PgEndpoint {
 struct Acceptor {
     sessions: Arc<Sessions>,
     registry: Arc<Registry>,
+    tls: Option<FrontDoorTls>,
 }
 
 impl Acceptor {
@@ -140,9 +153,20 @@ impl Acceptor {
                     // up the accept loop (or a CancelRequest's connection).
                     running.spawn(async move {
                         let _open = open;
+                        let tls = acceptor.tls.as_ref().map(FrontDoorTls::acceptor);
+                        if tls.is_some() && !opens_with_tls_or_cancel(&socket).await {
+                            let refusal = fatal_error(
+                                "28000",
+                                "this server takes Postgres connections over TLS only: connect \
+                                 with sslmode=require (or verify-full)",
+                            );
+                            let mut socket = socket;
+                            let _ = tokio::io::AsyncWriteExt::write_all(&mut socket, &refusal).await;
+                            return;
+                        }
                         match acceptor.handlers().await {
                             Ok(handlers) => {
-                                let _ = process_socket(socket, None, handlers).await;
+                                let _ = process_socket(socket, tls, handlers).await;
                             }
                             Err(error) => eprintln!(
                                 "sluice server: Postgres connection from {peer} refused: {error}"

@@ -1,0 +1,183 @@
+//! TLS on the front doors (`sluice server --serve-tls-cert FILE --serve-tls-key FILE`): the
+//! certificate both the Flight SQL endpoint (`grpc+tls://`) and the Postgres endpoint (`SSLRequest`,
+//! `sslmode=require`) present. Clients are not asked for certificates; they log in with a password.
+//!
+//! Invariants: with TLS a Postgres connection that does not ask for it is refused before its
+//! startup message is read (only a `CancelRequest`, which carries no credentials or rows, may come
+//! in clear); a front door listens on a non-loopback address only with TLS *and* user accounts.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use sluice_engine::{Result, SluiceError};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+use tonic::transport::{Identity, ServerTlsConfig};
+
+/// The front doors' certificate and key, read once.
+#[derive(Clone)]
+pub struct FrontDoorTls {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    acceptor: TlsAcceptor,
+    /// Where the certificate was read from (for messages).
+    pub cert: PathBuf,
+}
+
+impl std::fmt::Debug for FrontDoorTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontDoorTls")
+            .field("cert", &self.cert)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrontDoorTls {
+    /// Reads the PEM certificate chain `cert` and private key `key`; an unreadable or malformed
+    /// file is an error naming it.
+    pub fn from_files(cert: &Path, key: &Path) -> Result<Self> {
+        let read = |path: &Path| std::fs::read(path).map_err(|e| SluiceError::io(path, e));
+        let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+        let bad = |path: &Path, what: &str, e: &dyn std::fmt::Display| {
+            SluiceError::invalid(format!("{}: not a PEM {what}: {e}", path.display()))
+        };
+        let chain = CertificateDer::pem_slice_iter(&cert_pem)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| bad(cert, "certificate chain", &e))?;
+        if chain.is_empty() {
+            return Err(bad(cert, "certificate chain", &"no certificate in it"));
+        }
+        let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| bad(key, "key", &e))?;
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|builder| {
+                builder
+                    .with_no_client_auth()
+                    .with_single_cert(chain, private)
+            })
+            .map_err(|e| {
+                SluiceError::invalid(format!(
+                    "TLS with {} and {}: {e}",
+                    cert.display(),
+                    key.display()
+                ))
+            })?;
+        Ok(Self {
+            cert_pem,
+            key_pem,
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            cert: cert.to_path_buf(),
+        })
+    }
+
+    /// The Flight SQL endpoint's TLS setup.
+    pub(crate) fn grpc(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+    }
+
+    /// The Postgres endpoint's TLS acceptor.
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor.clone()
+    }
+}
+
+/// The request codes a Postgres client may open with in clear on a TLS door: `SSLRequest` and
+/// `CancelRequest` (its secret key is all it carries).
+const SSL_REQUEST: u32 = 80_877_103;
+const CANCEL_REQUEST: u32 = 80_877_102;
+
+/// How long a new Postgres connection may take to send its first 8 bytes.
+const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether the Postgres client on `socket` opens with a request a TLS door accepts in clear
+/// (without consuming it: pgwire reads it next). `false` for anything else, or for a client that
+/// sends nothing in time.
+pub(crate) async fn opens_with_tls_or_cancel(socket: &tokio::net::TcpStream) -> bool {
+    let started = std::time::Instant::now();
+    let mut first = [0u8; 8];
+    loop {
+        match socket.peek(&mut first).await {
+            Ok(8) => break,
+            Ok(0) | Err(_) => return false,
+            Ok(_) if started.elapsed() > FIRST_BYTES_TIMEOUT => return false,
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+        }
+    }
+    let [l0, l1, l2, l3, c0, c1, c2, c3] = first;
+    let length = u32::from_be_bytes([l0, l1, l2, l3]);
+    let code = u32::from_be_bytes([c0, c1, c2, c3]);
+    matches!((length, code), (8, SSL_REQUEST) | (16, CANCEL_REQUEST))
+}
+
+/// A Postgres `ErrorResponse` (FATAL, SQLSTATE `code`, `message`), for refusing a connection
+/// before pgwire sees it.
+pub(crate) fn fatal_error(code: &str, message: &str) -> Vec<u8> {
+    let mut fields = Vec::new();
+    for (tag, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', code),
+        (b'M', message),
+    ] {
+        fields.push(tag);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let length = u32::try_from(fields.len() + 4).unwrap_or(u32::MAX);
+    let mut message = vec![b'E'];
+    message.extend_from_slice(&length.to_be_bytes());
+    message.extend(fields);
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn a_fatal_error_is_a_well_formed_error_response() {
+        let bytes = fatal_error("28000", "TLS required");
+        assert_eq!(bytes[0], b'E');
+        let length = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
+        assert_eq!(length, bytes.len() - 1);
+        assert_eq!(
+            &bytes[5..],
+            b"SFATAL\0VFATAL\0C28000\0MTLS required\0\0".as_slice()
+        );
+    }
+
+    #[tokio::test]
+    async fn only_an_ssl_or_cancel_request_may_open_a_tls_door_in_clear() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut ssl = 8u32.to_be_bytes().to_vec();
+        ssl.extend(SSL_REQUEST.to_be_bytes());
+        let mut cancel = 16u32.to_be_bytes().to_vec();
+        cancel.extend(CANCEL_REQUEST.to_be_bytes());
+        cancel.extend([0u8; 8]);
+        // A plain startup message: length, protocol 3.0.
+        let mut startup = 9u32.to_be_bytes().to_vec();
+        startup.extend(196_608u32.to_be_bytes());
+        startup.push(0);
+        for (first, accepted) in [(ssl, true), (cancel, true), (startup, false)] {
+            let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            client.write_all(&first).await.unwrap();
+            assert_eq!(
+                opens_with_tls_or_cancel(&server).await,
+                accepted,
+                "{first:?}"
+            );
+            // Peeking left the bytes for pgwire.
+            let mut again = vec![0u8; first.len()];
+            assert_eq!(server.peek(&mut again).await.unwrap(), first.len());
+        }
+    }
+}
