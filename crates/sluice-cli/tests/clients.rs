@@ -428,6 +428,26 @@ fn both_front_doors_serve_tls_and_refuse_clients_that_do_not_use_it() {
         .unwrap();
     assert!(!plain.status.success(), "plain gRPC reached a TLS door");
 
+    // ADBC (Go's TLS) checks the same certificate.
+    let script = "import sys, adbc_driver_flightsql as a, adbc_driver_flightsql.dbapi as f\n\
+                  ca = open(sys.argv[2]).read()\n\
+                  conn = f.connect(sys.argv[1], db_kwargs={a.DatabaseOptions.TLS_ROOT_CERTS.value: ca}, autocommit=True)\n\
+                  cur = conn.cursor()\n\
+                  cur.execute(sys.argv[3])\n\
+                  print(cur.fetchall())\n";
+    let adbc = Command::new(python())
+        .args(["-W", "ignore", "-c", script, &server.url])
+        .arg(&ca)
+        .arg(sql)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&adbc.stdout),
+        "[(25,)]\n",
+        "{}",
+        String::from_utf8_lossy(&adbc.stderr)
+    );
+
     let (host, port) = server.pg.rsplit_once(':').unwrap();
     let psql = |sslmode: &str| {
         Command::new("psql")

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use super::definitions::task_definition;
 use super::job::{JobEntry, JobPhase};
 use super::output::{FinishedJob, OutputCommand};
-use super::placement::{Location, Placement, PlacementView, Slots, place};
+use super::placement::{Location, Placement, PlacementView, Slots, next_region, place};
 use super::shipping::ship_stages;
 use super::{
     DriverCounters, DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress,
@@ -754,9 +754,25 @@ impl DriverActor {
         }
     }
 
-    /// Places waiting regions, oldest first, while they fit.
+    /// Worker slots `job`'s running attempts hold.
+    fn slots_held(&self, job: JobId) -> usize {
+        self.running
+            .iter()
+            .filter(|(key, location)| key.job == job && matches!(location, Location::Worker(_)))
+            .count()
+    }
+
+    /// Places waiting regions while they fit, the job holding fewest slots first (see
+    /// [`next_region`]).
     fn place_waiting(&mut self) {
-        while let Some((job, region, tasks)) = self.waiting.pop_front() {
+        loop {
+            let jobs: Vec<JobId> = self.waiting.iter().map(|(job, _, _)| *job).collect();
+            let Some(index) = next_region(&jobs, |job| self.slots_held(job)) else {
+                return;
+            };
+            let Some((job, region, tasks)) = self.waiting.remove(index) else {
+                return;
+            };
             // A region reset or retried while it waited has a newer entry (or none yet).
             if !self.jobs.contains_key(&job)
                 || !tasks.iter().all(|t| self.scheduler.is_running(job, *t))
@@ -781,7 +797,7 @@ impl DriverActor {
             match placement {
                 Placement::Placed(locations) => self.launch(job, &tasks, &locations),
                 Placement::Wait => {
-                    self.waiting.push_front((job, region, tasks));
+                    self.waiting.insert(index, (job, region, tasks));
                     return;
                 }
                 Placement::Impossible(message) => {

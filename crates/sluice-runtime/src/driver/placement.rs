@@ -5,8 +5,13 @@
 //! reads a `Forward` input goes to its producer's worker when that worker has a free slot; any other
 //! task goes to the worker with the most free slots. A region that needs more slots than the whole
 //! cluster has can never run: that is an error, not a wait.
+//!
+//! Between jobs ([`next_region`]): the waiting region placed next is the one whose job holds the
+//! fewest worker slots, the oldest among equals, so a job running wide does not keep jobs that run
+//! nothing behind its later regions; a region that does not fit is waited for (it is not passed by
+//! smaller ones, which could starve it).
 
-use sluice_planner::{TaskId, WorkerId};
+use sluice_planner::{JobId, TaskId, WorkerId};
 
 /// Where a task attempt runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,6 +105,16 @@ pub(crate) fn place(tasks: &[TaskId], view: &dyn PlacementView, slots: &[Slots])
     Placement::Placed(locations)
 }
 
+/// Of the waiting regions' jobs (oldest first), the index of the region to place next: the fewest
+/// slots `held` by its job, the oldest among equals; `None` when nothing waits.
+pub(crate) fn next_region(waiting: &[JobId], held: impl Fn(JobId) -> usize) -> Option<usize> {
+    waiting
+        .iter()
+        .enumerate()
+        .min_by_key(|(index, job)| (held(**job), *index))
+        .map(|(index, _)| index)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -126,6 +141,25 @@ mod tests {
         fn placed(&self, task: TaskId) -> Option<Location> {
             self.placed.get(&task).copied()
         }
+    }
+
+    #[test]
+    fn the_next_region_is_of_the_job_holding_fewest_slots_then_the_oldest() {
+        let held = |job: JobId| match job.0 {
+            1 => 6,
+            2 => 0,
+            _ => 2,
+        };
+        // Job 1 runs wide and queued first; job 2 runs nothing; job 3 runs a little.
+        let waiting = [JobId(1), JobId(3), JobId(2), JobId(2)];
+        assert_eq!(next_region(&waiting, held), Some(2));
+        assert_eq!(next_region(&[JobId(1), JobId(3)], held), Some(1));
+        assert_eq!(
+            next_region(&[JobId(3), JobId(4)], held),
+            Some(0),
+            "oldest of equals"
+        );
+        assert_eq!(next_region(&[], held), None);
     }
 
     fn task(stage: usize, partition: usize) -> TaskId {
