@@ -359,6 +359,59 @@ fn the_remote_cli_shows_the_servers_progress_and_ctrl_c_cancels_its_job_on_every
     assert!(seen.contains("cancelled"), "{seen:?}");
     let idle = state();
     assert_eq!(idle["running_statements"], 0, "{idle}");
+
+    // `tpch run` on the server's tables, each result compared with local mode's.
+    let tpch = sluice()
+        .args([
+            "tpch",
+            "run",
+            "--connect",
+            &server.url,
+            "--compare-local",
+            "-q",
+            "1",
+            "-q",
+            "15",
+        ])
+        .arg("--data")
+        .arg(tpch_dir())
+        .output()
+        .unwrap();
+    let report = String::from_utf8(tpch.stdout).unwrap();
+    assert!(tpch.status.success(), "{report}");
+    assert!(
+        report.starts_with(&format!("TPC-H SF 0.01 · mode server {} · ", server.url)),
+        "{report}"
+    );
+    assert!(report.ends_with("2 passed, 0 failed\n"), "{report}");
+
+    // The shell on the server.
+    let command = format!(
+        "{} sql --connect {}",
+        env!("CARGO_BIN_EXE_sluice"),
+        server.url
+    );
+    let mut shell = Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    shell
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"select 41 + 1 as answer;\n\\q\n")
+        .unwrap();
+    let output = shell.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("connected to {}", server.url)),
+        "{text}"
+    );
+    assert!(text.contains("| 42     |"), "{text}");
     server.stop();
 }
 
