@@ -93,6 +93,10 @@ impl Remote {
 
     /// Runs one statement, keeping the server's progress line while it runs.
     pub async fn run(&self, sql: &str) -> Result<RemoteOutput> {
+        // A statement cancelled with Ctrl-C left its last line behind.
+        if let Ok(mut latest) = self.latest.lock() {
+            *latest = None;
+        }
         let latest = self.latest.clone();
         let keep = move |line: &str| {
             if let Ok(mut latest) = latest.lock() {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Server, sluice, tls_files, tpch_dir};
+use common::{Server, http, sluice, tls_files, tpch_dir};
 
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
@@ -527,6 +527,129 @@ fn both_front_doors_serve_tls_and_refuse_clients_that_do_not_use_it() {
     assert!(
         refused.contains("this server takes Postgres connections over TLS only"),
         "{refused}"
+    );
+    server.stop();
+}
+
+#[test]
+fn the_rest_api_lists_jobs_with_their_rows_and_cancels_a_running_one_on_every_worker() {
+    let server = Server::start(&["--workers", "2"], tpch_dir());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let observer = runtime
+        .block_on(sluice_server::RemoteSession::connect(&server.url))
+        .unwrap();
+    let state = || runtime.block_on(observer.state()).unwrap();
+    let (host, port) = server.pg.rsplit_once(':').unwrap();
+    let sql = "select n_name from nation where n_regionkey = 1";
+    let psql = Command::new("psql")
+        .args([
+            "-h", host, "-p", port, "-U", "ann", "-d", "sluice", "-X", "-A", "-t", "-c", sql,
+        ])
+        .output()
+        .expect("psql is needed for the client tests (.ci/run installs postgresql-client)");
+    assert!(
+        psql.status.success(),
+        "{}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+    assert_eq!(String::from_utf8(psql.stdout).unwrap().lines().count(), 5);
+    let (status, jobs) = http("GET", &server.http, "/api/v1/jobs");
+    assert_eq!(status, 200, "{jobs}");
+    let last = jobs.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["state"], "succeeded", "{jobs}");
+    assert_eq!(last["rows"], 5, "{last}");
+    assert_eq!(
+        last["sql"], "SELECT n_name FROM nation WHERE n_regionkey = 1",
+        "{last}"
+    );
+    assert_eq!(last["user"], "ann", "{last}");
+    assert!(
+        last["ended_ms"].as_u64() >= last["submitted_ms"].as_u64(),
+        "{last}"
+    );
+    let id = last["id"].as_u64().unwrap();
+    let (status, one) = http("GET", &server.http, &format!("/api/v1/jobs/{id}"));
+    assert_eq!((status, &one["id"]), (200, &last["id"]), "{one}");
+
+    // A long statement through Flight SQL, cancelled through the API.
+    let long = sluice()
+        .args(["sql", "--connect", &server.url, LONG_QUERY])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The CLI sends each statement as its parser prints it.
+    let sent = "SELECT count(DISTINCT value % 1000003) FROM generate_series(1, 5000000000)";
+    let started = std::time::Instant::now();
+    let running = loop {
+        let (_, jobs) = http("GET", &server.http, "/api/v1/jobs");
+        let found = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|job| job["state"] == "running" && job["sql"] == sent)
+            .cloned();
+        if let Some(job) = found
+            && tasks_running(&state()) > 0
+        {
+            break job;
+        }
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the long job never ran: {jobs}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        running["tag"]
+            .as_str()
+            .map(|t| t.starts_with("flight-sql statement ")),
+        Some(true)
+    );
+    let id = running["id"].as_u64().unwrap();
+    let (status, detail) = http("GET", &server.http, &format!("/api/v1/jobs/{id}"));
+    assert_eq!(status, 200);
+    assert_eq!(
+        detail["progress"].as_array().map(Vec::len),
+        running["stages"].as_u64().map(|n| n as usize),
+        "{detail}"
+    );
+    let (status, body) = http("POST", &server.http, &format!("/api/v1/jobs/{id}/cancel"));
+    assert_eq!(
+        (status, body),
+        (200, serde_json::json!({"cancelled": true}))
+    );
+    let cancelled = std::time::Instant::now();
+    loop {
+        let now = state();
+        if tasks_running(&now) == 0 && now["driver"]["jobs"] == 0 {
+            break;
+        }
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(1),
+            "tasks still ran 1 s after the cancel: {now}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = long.wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!output.status.success());
+    assert!(
+        stderr.ends_with(&format!("job {id} was cancelled (REST API)\n")),
+        "{stderr}"
+    );
+    let (status, body) = http("POST", &server.http, &format!("/api/v1/jobs/{id}/cancel"));
+    assert_eq!(status, 409, "{body}");
+    let (_, record) = http("GET", &server.http, &format!("/api/v1/jobs/{id}"));
+    assert_eq!(record["state"], "cancelled", "{record}");
+    let (status, _) = http("GET", &server.http, "/api/v1/jobs/999999");
+    assert_eq!(status, 404);
+    let (status, workers) = http("GET", &server.http, "/api/v1/workers");
+    assert_eq!(status, 200);
+    assert_eq!(
+        workers,
+        state()["workers"],
+        "the API shows what sluice.state shows"
     );
     server.stop();
 }

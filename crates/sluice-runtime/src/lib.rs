@@ -38,7 +38,7 @@ pub use definition::{
 };
 pub use driver::{
     Driver, DriverCounters, DriverHandle, DriverOptions, DriverSnapshot, JobLabel, JobProgress,
-    StageProgress,
+    JobRecord, JobState, StageProgress,
 };
 pub use error::{ErrorKind, RemoteError, SluiceFailure};
 pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};

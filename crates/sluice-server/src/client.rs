@@ -143,13 +143,11 @@ impl RemoteSession {
                 }
                 next = polled.flight_descriptor;
             }
-            std::future::pending::<()>().await;
         });
+        // The rows decide the outcome; once polling ends the fetch goes on alone.
         let batches = match futures::future::select(fetch, progress).await {
             futures::future::Either::Left((batches, _)) => batches?,
-            futures::future::Either::Right(((), _)) => {
-                return Err(Status::internal("the progress loop ended"));
-            }
+            futures::future::Either::Right(((), fetch)) => fetch.await?,
         };
         Ok(RemoteOutput { schema, batches })
     }

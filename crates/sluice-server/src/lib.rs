@@ -26,6 +26,7 @@ pub mod metadata;
 pub mod poll;
 pub mod postgres;
 pub mod queries;
+pub mod rest;
 pub mod scram;
 pub mod server;
 pub mod service;

@@ -126,7 +126,29 @@ pub struct Queries {
     pending: Mutex<HashMap<QueryHandle, Pending>>,
     prepared: Mutex<HashMap<QueryHandle, PreparedEntry>>,
     running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
-    finished: Arc<Mutex<HashMap<QueryHandle, (SessionKey, Instant)>>>,
+    finished: Arc<Mutex<Finished>>,
+}
+
+/// Statements whose stream ended, remembered for [`PENDING_TTL`] (oldest first, so forgetting
+/// costs only the expired ones).
+#[derive(Default)]
+struct Finished {
+    owners: HashMap<QueryHandle, SessionKey>,
+    order: std::collections::VecDeque<(Instant, QueryHandle)>,
+}
+
+impl Finished {
+    fn remember(&mut self, handle: QueryHandle, owner: SessionKey) {
+        while let Some((at, old)) = self.order.front().copied() {
+            if at.elapsed() < PENDING_TTL {
+                break;
+            }
+            self.order.pop_front();
+            self.owners.remove(&old);
+        }
+        self.owners.insert(handle, owner);
+        self.order.push_back((Instant::now(), handle));
+    }
 }
 
 struct RunningEntry {
@@ -150,7 +172,7 @@ pub struct Running {
     handle: QueryHandle,
     cancelled: watch::Receiver<bool>,
     running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
-    finished: Arc<Mutex<HashMap<QueryHandle, (SessionKey, Instant)>>>,
+    finished: Arc<Mutex<Finished>>,
 }
 
 impl Running {
@@ -169,12 +191,13 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // Finished before unlisted (lock order: finished, then running), so a poll never finds
+        // the statement in neither.
+        let mut finished = lock(&self.finished);
         let Some(entry) = lock(&self.running).remove(&self.handle) else {
             return;
         };
-        let mut finished = lock(&self.finished);
-        finished.retain(|_, (_, at)| at.elapsed() < PENDING_TTL);
-        finished.insert(self.handle, (entry.owner, Instant::now()));
+        finished.remember(self.handle, entry.owner);
     }
 }
 
@@ -214,7 +237,14 @@ impl Queries {
 
     /// Takes the statement filed under `handle` by `owner`.
     pub fn take(&self, handle: QueryHandle, owner: &SessionKey) -> Result<Taken, Status> {
-        let mut pending = lock(&self.pending);
+        Self::take_from(&mut lock(&self.pending), handle, owner)
+    }
+
+    fn take_from(
+        pending: &mut HashMap<QueryHandle, Pending>,
+        handle: QueryHandle,
+        owner: &SessionKey,
+    ) -> Result<Taken, Status> {
         match pending.get(&handle) {
             Some(entry) if &entry.owner == owner => {}
             Some(_) => {
@@ -238,9 +268,29 @@ impl Queries {
         })
     }
 
+    /// Takes the statement filed under `handle` by `owner` and lists it as running, admitted
+    /// under `ticket` (one step, so a poll never finds it in neither list).
+    pub fn take_and_start(
+        &self,
+        handle: QueryHandle,
+        owner: &SessionKey,
+        ticket: AdmissionTicket,
+    ) -> Result<(Taken, Running), Status> {
+        let mut pending = lock(&self.pending);
+        let taken = Self::take_from(&mut pending, handle, owner)?;
+        let running = self.start(
+            handle,
+            owner.clone(),
+            ticket,
+            taken.session.runner().clone(),
+        );
+        drop(pending);
+        Ok((taken, running))
+    }
+
     /// Lists the statement `handle`, just taken by `owner`, as running: admitted under `ticket`,
     /// its job on `runner`.
-    pub fn start(
+    fn start(
         &self,
         handle: QueryHandle,
         owner: SessionKey,
@@ -284,8 +334,8 @@ impl Queries {
                 Err(stranger())
             };
         }
-        match lock(&self.finished).get(&handle) {
-            Some((finisher, _)) if finisher == owner => Ok(Phase::Finished),
+        match lock(&self.finished).owners.get(&handle) {
+            Some(finisher) if finisher == owner => Ok(Phase::Finished),
             Some(_) => Err(stranger()),
             None => Err(Status::not_found(format!(
                 "{handle} is unknown or expired (statements are kept {} minutes)",
@@ -304,6 +354,7 @@ impl Queries {
                     return Err(stranger());
                 }
                 pending.remove(&handle);
+                lock(&self.finished).remember(handle, owner.clone());
                 return Ok(Cancelled::BeforeItRan);
             }
         }
@@ -479,6 +530,10 @@ mod tests {
             queries.cancel(waiting, &owner).unwrap(),
             Cancelled::BeforeItRan
         );
+        assert!(
+            matches!(queries.phase(waiting, &owner), Ok(Phase::Finished)),
+            "a statement cancelled before it ran is finished"
+        );
         assert_eq!(
             queries.take(waiting, &owner).unwrap_err().code(),
             tonic::Code::NotFound
@@ -490,13 +545,9 @@ mod tests {
             planned(&session).await,
             "select 1".into(),
         );
-        queries.take(handle, &owner).unwrap();
-        let running = queries.start(
-            handle,
-            owner.clone(),
-            AdmissionTicket::default(),
-            session.runner().clone(),
-        );
+        let (_, running) = queries
+            .take_and_start(handle, &owner, AdmissionTicket::default())
+            .unwrap();
         assert_eq!(queries.running_count(), 1);
         assert_eq!(
             queries
@@ -545,14 +596,10 @@ mod tests {
         );
         assert_eq!(phase(handle, &owner), "planned");
         assert_eq!(phase(handle, &stranger), "PermissionDenied");
-        let taken = queries.take(handle, &owner).unwrap();
+        let (taken, running) = queries
+            .take_and_start(handle, &owner, AdmissionTicket::default())
+            .unwrap();
         assert_eq!(taken.sql, "select 1");
-        let running = queries.start(
-            handle,
-            owner.clone(),
-            AdmissionTicket::default(),
-            session.runner().clone(),
-        );
         assert_eq!(phase(handle, &owner), "running");
         assert_eq!(phase(handle, &stranger), "PermissionDenied");
         drop(running);

@@ -10,8 +10,9 @@
 //!
 //! Invariants: the proof is checked against the StoredKey in constant time (no password or salted
 //! password is ever held); an unknown user runs the same exchange against a decoy verifier and
-//! fails only at the end; channel binding is not offered (no TLS on this door), so a client that
-//! asks for it (`p=`) is refused.
+//! fails only at the end; channel binding (SCRAM-SHA-256-PLUS) is not offered, even over TLS
+//! (it would need the TLS session's certificate hash here), so a client that asks for it (`p=`) is
+//! refused.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;

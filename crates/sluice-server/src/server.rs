@@ -24,6 +24,11 @@ use crate::tls::FrontDoorTls;
 /// Where the Flight SQL endpoint listens unless told otherwise.
 pub const DEFAULT_FLIGHT_SQL_LISTEN: &str = "127.0.0.1:50051";
 
+/// The largest message a client may send (a `DoPut` batch, bound parameters): tonic decodes a
+/// message before any handler checks the caller's session, so this bounds what a stranger can make
+/// the server hold.
+pub const MAX_REQUEST_MESSAGE: usize = 64 * 1024 * 1024;
+
 /// How the endpoint serves.
 #[derive(Debug, Clone)]
 pub struct FlightSqlOptions {
@@ -90,8 +95,8 @@ pub struct FlightSqlEndpoint {
 }
 
 impl FlightSqlEndpoint {
-    /// Serves `sessions` on `options.listen`. The endpoint speaks plain gRPC (no TLS yet), so only a
-    /// loopback address is allowed: credentials and tokens never cross a network in clear text.
+    /// Serves `sessions` on `options.listen`: plain gRPC on a loopback address, or `grpc+tls://`
+    /// (`options.tls`) on any address when the server has user accounts (see [`bind_front_door`]).
     pub async fn start(sessions: Arc<Sessions>, options: &FlightSqlOptions) -> Result<Self> {
         let (listener, address) = bind_front_door(
             &options.listen,
@@ -116,7 +121,7 @@ impl FlightSqlEndpoint {
             builder
                 .add_service(
                     FlightServiceServer::new(SluiceFlightService::new(service))
-                        .max_decoding_message_size(usize::MAX)
+                        .max_decoding_message_size(MAX_REQUEST_MESSAGE)
                         .max_encoding_message_size(usize::MAX),
                 )
                 .serve_with_incoming_shutdown(incoming, async move {

@@ -119,19 +119,7 @@ impl SluiceFlightSql {
                     "workers": state.driver.workers,
                     "waiting_regions": state.driver.waiting_regions,
                 }),
-                state
-                    .workers
-                    .iter()
-                    .map(|w| {
-                        serde_json::json!({
-                            "address": w.address,
-                            "running_tasks": w.running_tasks,
-                            "live_attempts": w.live_attempts,
-                            "stream_outputs": w.stream_outputs,
-                            "memory_used": w.memory_used,
-                        })
-                    })
-                    .collect::<Vec<_>>(),
+                workers_json(&state),
             ),
             None => (serde_json::Value::Null, Vec::new()),
         };
@@ -207,6 +195,23 @@ impl SluiceFlightSql {
             .with_ordered(true);
         Ok(Response::new(info))
     }
+}
+
+/// Each worker of `state` as JSON (the `sluice.state` action's and the REST API's shape).
+pub(crate) fn workers_json(state: &sluice_runtime::runner::ClusterState) -> Vec<serde_json::Value> {
+    state
+        .workers
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "address": w.address,
+                "running_tasks": w.running_tasks,
+                "live_attempts": w.live_attempts,
+                "stream_outputs": w.stream_outputs,
+                "memory_used": w.memory_used,
+            })
+        })
+        .collect()
 }
 
 /// The tag a statement's job carries in the driver's progress.
@@ -424,21 +429,19 @@ impl FlightSqlService for SluiceFlightSql {
     ) -> Result<Response<DoGetStream>, Status> {
         let (key, _) = self.sessions.of_request(&request)?;
         let handle = QueryHandle::from_bytes(&ticket.statement_handle)?;
+        let admission = self.sessions.admission();
+        let ticket = admission.ticket();
+        let (taken, running) = self.queries.take_and_start(handle, &key, ticket)?;
         let Taken {
             session,
             planned,
             sql,
-        } = self.queries.take(handle, &key)?;
+        } = taken;
         let label = JobLabel {
             tag: statement_tag(handle),
             sql,
             user: self.sessions.user_name(&key),
         };
-        let admission = self.sessions.admission();
-        let ticket = admission.ticket();
-        let running = self
-            .queries
-            .start(handle, key, ticket, session.runner().clone());
         let schema = planned.schema();
         let stream = admission.run_as(ticket, schema, move || {
             session

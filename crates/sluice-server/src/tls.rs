@@ -96,15 +96,22 @@ const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// (without consuming it: pgwire reads it next). `false` for anything else, or for a client that
 /// sends nothing in time.
 pub(crate) async fn opens_with_tls_or_cancel(socket: &tokio::net::TcpStream) -> bool {
-    let started = std::time::Instant::now();
     let mut first = [0u8; 8];
-    loop {
-        match socket.peek(&mut first).await {
-            Ok(8) => break,
-            Ok(0) | Err(_) => return false,
-            Ok(_) if started.elapsed() > FIRST_BYTES_TIMEOUT => return false,
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+    let peeked = async {
+        loop {
+            match socket.peek(&mut first).await {
+                Ok(8) => return true,
+                Ok(0) | Err(_) => return false,
+                // Part of it came: wait for the rest without spinning.
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
         }
+    };
+    if !matches!(
+        tokio::time::timeout(FIRST_BYTES_TIMEOUT, peeked).await,
+        Ok(true)
+    ) {
+        return false;
     }
     let [l0, l1, l2, l3, c0, c1, c2, c3] = first;
     let length = u32::from_be_bytes([l0, l1, l2, l3]);
@@ -150,6 +157,26 @@ mod tests {
             &bytes[5..],
             b"SFATAL\0VFATAL\0C28000\0MTLS required\0\0".as_slice()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_sends_nothing_or_too_little_is_refused_after_the_timeout() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        for sent in [&b""[..], &b"\0\0\0\x08"[..]] {
+            let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            client.write_all(sent).await.unwrap();
+            let started = tokio::time::Instant::now();
+            assert!(!opens_with_tls_or_cancel(&server).await, "{sent:?}");
+            assert!(started.elapsed() >= FIRST_BYTES_TIMEOUT, "{sent:?}");
+        }
+        // A client that closes before 8 bytes is refused at once.
+        let client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        drop(client);
+        assert!(!opens_with_tls_or_cancel(&server).await);
     }
 
     #[tokio::test]

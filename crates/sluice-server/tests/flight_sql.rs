@@ -464,8 +464,7 @@ async fn poll(
     Option<f64>,
     FlightInfo,
 ) {
-    let mut raw = client.inner().clone();
-    let polled = raw.poll_flight_info(descriptor).await.unwrap().into_inner();
+    let polled = try_poll(client, descriptor).await.unwrap();
     let info = polled.info.unwrap();
     let json = if info.app_metadata.is_empty() {
         serde_json::Value::Null
@@ -473,6 +472,20 @@ async fn poll(
         serde_json::from_slice(&info.app_metadata).unwrap()
     };
     (json, polled.flight_descriptor, polled.progress, info)
+}
+
+/// One `PollFlightInfo` in `client`'s session (its token, if it shook hands).
+async fn try_poll(
+    client: &FlightSqlServiceClient<Channel>,
+    descriptor: arrow_flight::FlightDescriptor,
+) -> Result<arrow_flight::PollInfo, tonic::Status> {
+    let mut request = tonic::Request::new(descriptor);
+    if let Some(token) = client.token() {
+        let header = format!("Bearer {token}").parse().unwrap();
+        request.metadata_mut().insert("authorization", header);
+    }
+    let mut raw = client.inner().clone();
+    Ok(raw.poll_flight_info(request).await?.into_inner())
 }
 
 fn statement_descriptor(sql: &str) -> arrow_flight::FlightDescriptor {
@@ -511,6 +524,15 @@ async fn poll_flight_info_reports_planned_queued_running_tasks_and_finished() {
     };
     assert_eq!(report["state"], "running", "{report}");
     let line = report["line"].as_str().unwrap();
+    let (done, total) = (
+        report["tasks_done"].as_u64().unwrap(),
+        report["tasks_total"].as_u64().unwrap(),
+    );
+    assert!(done < total, "{report}");
+    assert!(
+        line.contains(&format!(" · tasks {done}/{total} (")),
+        "{line}"
+    );
     assert!(
         line.starts_with(&format!("job {} · tasks ", report["job"])),
         "{line}"
@@ -538,7 +560,14 @@ async fn poll_flight_info_reports_planned_queued_running_tasks_and_finished() {
     );
     long_fetch.join().await.unwrap().unwrap_err();
     for finished in [short_poll, long_poll] {
-        let (json, next, progress, _) = poll(&client, finished).await;
+        // The server unlists a statement once its call is dropped, just after the client's end.
+        let mut report = poll(&client, finished.clone()).await;
+        let started = std::time::Instant::now();
+        while report.0["state"] == "running" && started.elapsed().as_secs() < 10 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            report = poll(&client, finished.clone()).await;
+        }
+        let (json, next, progress, _) = report;
         assert_eq!(json, serde_json::json!({"state": "finished"}));
         assert!(next.is_none(), "a finished statement is complete");
         assert_eq!(progress, Some(1.0));
@@ -614,5 +643,37 @@ async fn any_address_serves_only_with_tls_and_user_accounts() {
             .to_string()
             .ends_with("empty.pem: not a PEM certificate chain: no certificate in it"),
         "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_statement_is_polled_only_by_its_own_session_and_a_forged_descriptor_is_refused() {
+    let server = server().await;
+    let mut ann = client(&server).await;
+    ann.handshake("ann", "").await.unwrap();
+    let mut bob = client(&server).await;
+    bob.handshake("bob", "").await.unwrap();
+    let polled = try_poll(&ann, statement_descriptor("select 1"))
+        .await
+        .unwrap();
+    let descriptor = polled.flight_descriptor.unwrap();
+    let stranger = try_poll(&bob, descriptor.clone()).await.unwrap_err();
+    assert_eq!(stranger.code(), tonic::Code::PermissionDenied, "{stranger}");
+    assert!(
+        stranger.message().ends_with("belongs to another session"),
+        "{stranger}"
+    );
+    let forged = arrow_flight::FlightDescriptor::new_cmd(b"sluice-poll:not a flight info".to_vec());
+    let refused = try_poll(&ann, forged).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    assert!(
+        refused.message().starts_with("not a poll descriptor"),
+        "{refused}"
+    );
+    // Its owner still sees it planned.
+    let mine = try_poll(&ann, descriptor).await.unwrap();
+    assert_eq!(
+        mine.info.unwrap().app_metadata.as_ref(),
+        b"{\"state\":\"planned\"}"
     );
 }

@@ -15,6 +15,7 @@ use clap::Args;
 use sluice_engine::catalog::{TableSource, discover_tables, parse_table_arg};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use sluice_server::postgres::DEFAULT_PG_LISTEN;
+use sluice_server::rest::{DEFAULT_HTTP_LISTEN, RestEndpoint};
 use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
 use sluice_server::tls::FrontDoorTls;
 use sluice_server::users::{Users, Verifier};
@@ -37,6 +38,10 @@ pub struct ServerArgs {
     /// Where the Arrow Flight SQL endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_FLIGHT_SQL_LISTEN)]
     pub flight_sql_listen: String,
+    /// Where the REST API (`/api/v1/jobs`, `/api/v1/workers`, cancel) listens: a loopback
+    /// address (the API has no login; port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_HTTP_LISTEN)]
+    pub http_listen: String,
     /// Where the Postgres wire endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_PG_LISTEN)]
     pub pg_listen: String,
@@ -106,6 +111,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         },
     )
     .await?;
+    let rest = RestEndpoint::start(sessions.clone(), &args.http_listen).await?;
     let endpoint = FlightSqlEndpoint::start(
         sessions,
         &FlightSqlOptions {
@@ -124,6 +130,10 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         None => ("grpc", ""),
     };
     eprintln!(
+        "sluice server: REST API on http://{}/api/v1",
+        rest.address()
+    );
+    eprintln!(
         "sluice server: Postgres on postgres://{} ({login}{ssl})",
         postgres.address()
     );
@@ -138,7 +148,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         "sluice server: {signal}: stopping (running calls get {} s)",
         STOP_GRACE.as_secs()
     );
-    let stopping = async { tokio::join!(endpoint.stop(), postgres.stop()) };
+    let stopping = async { tokio::join!(endpoint.stop(), postgres.stop(), rest.stop()) };
     if tokio::time::timeout(STOP_GRACE, stopping).await.is_err() {
         eprintln!("sluice server: calls still running after the grace period were cut off");
     }

@@ -52,6 +52,8 @@ pub struct Server {
     pub url: String,
     /// `host:port` of its Postgres endpoint.
     pub pg: String,
+    /// `host:port` of its REST API.
+    pub http: String,
     /// What it printed up to its Flight SQL line (included).
     pub started: Vec<String>,
     lines: mpsc::Receiver<String>,
@@ -79,6 +81,7 @@ impl Server {
             .args(flags)
             .args(["server", "--flight-sql-listen", "127.0.0.1:0"])
             .args(["--pg-listen", "127.0.0.1:0"])
+            .args(["--http-listen", "127.0.0.1:0"])
             .args(server_flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -111,10 +114,17 @@ impl Server {
                     .and_then(|rest| rest.split_whitespace().next())
                     .unwrap_or_else(|| panic!("no Postgres line from the server: {seen:?}"))
                     .to_string();
+                let http = seen
+                    .iter()
+                    .find_map(|l| l.strip_prefix("sluice server: REST API on http://"))
+                    .and_then(|rest| rest.split('/').next())
+                    .unwrap_or_else(|| panic!("no REST line from the server: {seen:?}"))
+                    .to_string();
                 return Server {
                     child,
                     url,
                     pg,
+                    http,
                     started: seen,
                     lines,
                     reader: Some(reader),
@@ -176,4 +186,21 @@ pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::write(&paths.1, key.serialize_pem()).unwrap();
     std::fs::write(&paths.2, ca_cert.pem()).unwrap();
     paths
+}
+
+/// One HTTP/1.1 request to `address` (`host:port`): the status code and the JSON body.
+pub fn http(method: &str, address: &str, path: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+    (status, json)
 }

@@ -107,10 +107,11 @@ def error_of(conn, sql):
     return caught.value
 
 
-def test_incremental_execution_polls_the_statement_until_it_finished(cluster, local):
-    """ADBC's incremental execution runs on PollFlightInfo: the first call hands out the partition
-    of a planned statement (with its JSON state), reading it runs the job, the next call finds the
-    statement finished (no partitions left)."""
+def test_incremental_execution_hands_out_the_partition_of_a_planned_statement(cluster, local):
+    """ADBC's incremental execution runs on PollFlightInfo: the first call hands out the one
+    partition of a planned statement (its JSON state says so, progress 0), reading it runs the job
+    and gives local mode's rows, and a later call finds no further partition. (The poll's later
+    states are checked by the Rust test `poll_flight_info_reports_…`: ADBC does not expose them.)"""
     import pyarrow.flight
     from adbc_driver_flightsql import StatementOptions as FlightOptions
     from adbc_driver_manager import StatementOptions
@@ -127,7 +128,7 @@ def test_incremental_execution_polls_the_statement_until_it_finished(cluster, lo
             reader.adbc_read_partition(partitions[0])
             got = reader.fetch_arrow_table()
         more, _ = cur.adbc_execute_partitions(sql)
-        assert more == [], "the statement finished: nothing more to poll"
+        assert more == [], "one statement, one partition"
     assert got.schema == schema
     assert got.equals(run(local, [sql]))
 

@@ -25,13 +25,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::definitions::task_definition;
+use super::history::JobHistory;
 use super::job::{JobEntry, JobPhase};
 use super::output::{FinishedJob, OutputCommand};
 use super::placement::{Location, Placement, PlacementView, Slots, next_region, place};
 use super::shipping::ship_stages;
 use super::{
     DriverCounters, DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress,
-    Liveness, StageProgress, Submission, WorkerRegistration,
+    JobRecord, JobState, Liveness, StageProgress, Submission, WorkerRegistration,
 };
 use crate::analyze::{is_analyze, stage_reports};
 use crate::definition::{TaskState, TaskStatusReport};
@@ -60,6 +61,7 @@ pub(crate) struct DriverActor {
     jobs: HashMap<JobId, JobEntry>,
     running: HashMap<AttemptKey, Location>,
     waiting: VecDeque<(JobId, RegionId, Vec<TaskAttempt>)>,
+    history: JobHistory,
     events: mpsc::UnboundedSender<DriverEvent>,
     rpcs: JoinSet<()>,
     /// Lines for the user, oldest first (bounded).
@@ -86,6 +88,7 @@ impl DriverActor {
             jobs: HashMap::new(),
             running: HashMap::new(),
             waiting: VecDeque::new(),
+            history: JobHistory::default(),
             events,
             rpcs: JoinSet::new(),
             notices: VecDeque::new(),
@@ -148,7 +151,18 @@ impl DriverActor {
             }
             DriverEvent::TaskStatus(report) => self.task_status(report),
             DriverEvent::Submit(submission) => self.submit(*submission),
+            DriverEvent::Jobs(reply) => {
+                let _ = reply.send(self.job_records());
+            }
+            DriverEvent::CancelOnRequest { job, why, reply } => {
+                let _ = reply.send(self.cancel_on_request(job, &why));
+            }
             DriverEvent::Cancel(job) => {
+                if let Some(entry) = self.jobs.get_mut(&job)
+                    && entry.phase == JobPhase::Running
+                {
+                    entry.record.end(JobState::Cancelled, None);
+                }
                 self.waiting.retain(|(j, _, _)| *j != job);
                 let actions = self.scheduler.cancel_job(job);
                 if actions.is_empty() {
@@ -277,6 +291,42 @@ impl DriverActor {
         jobs
     }
 
+    /// Cancels running job `job` because `why` asked: its output ends with a `Cancelled` error,
+    /// then it is cancelled as when its caller goes away. Whether it was running.
+    fn cancel_on_request(&mut self, job: JobId, why: &str) -> bool {
+        let Some(entry) = self
+            .jobs
+            .get_mut(&job)
+            .filter(|entry| entry.phase == JobPhase::Running)
+        else {
+            return false;
+        };
+        let message = format!("job {job} was cancelled ({why})");
+        entry.record.end(JobState::Cancelled, Some(message.clone()));
+        let error = crate::error::sluice_error(ErrorKind::Cancelled, message);
+        let _ = entry.output.send(OutputCommand::Finish(Err(error)));
+        self.waiting.retain(|(j, _, _)| *j != job);
+        let actions = self.scheduler.cancel_job(job);
+        if actions.is_empty() {
+            self.clean_up(job);
+        } else {
+            self.perform(actions);
+        }
+        true
+    }
+
+    /// Every live job's record and the remembered ended ones, by id.
+    fn job_records(&self) -> Vec<JobRecord> {
+        let mut records: Vec<JobRecord> = self.history.records().cloned().collect();
+        records.extend(self.jobs.values().map(|entry| {
+            let mut record = entry.record.clone();
+            record.retries = entry.retries;
+            record
+        }));
+        records.sort_by_key(|record| record.job);
+        records
+    }
+
     fn submit(&mut self, submission: Submission) {
         let Submission {
             graph,
@@ -314,7 +364,10 @@ impl DriverActor {
         };
         let analyze = is_analyze(&graph);
         let label = super::JobLabel::of(&context);
+        let tasks = graph.stages().iter().map(|stage| stage.partitions()).sum();
+        let stages = graph.stages().len();
         let (job, actions) = self.scheduler.accept_job(graph.clone());
+        let record = JobRecord::submitted(job.0, label.clone(), stages, tasks);
         self.jobs.insert(
             job,
             JobEntry {
@@ -333,6 +386,7 @@ impl DriverActor {
                 output,
                 phase: JobPhase::Running,
                 label,
+                record,
             },
         );
         let _ = reply.send(Ok(job));
@@ -648,6 +702,14 @@ impl DriverActor {
                         } else {
                             Vec::new()
                         };
+                        let last = entry.graph.stages().len().saturating_sub(1);
+                        entry.record.rows = entry
+                            .succeeded_metrics()
+                            .iter()
+                            .filter(|(task, _)| task.stage.0 == last)
+                            .map(|(_, metrics)| metrics.rows)
+                            .sum();
+                        entry.record.end(JobState::Succeeded, None);
                         let finished = FinishedJob {
                             reports,
                             attempts: entry.announced.clone(),
@@ -658,6 +720,7 @@ impl DriverActor {
                 SchedulerAction::JobFailed { job, failure } => {
                     let error = self.job_error(job, &failure);
                     if let Some(entry) = self.jobs.get_mut(&job) {
+                        entry.record.end(JobState::Failed, Some(error.to_string()));
                         let _ = entry.output.send(OutputCommand::Finish(Err(error)));
                     }
                 }
@@ -754,12 +817,15 @@ impl DriverActor {
         }
     }
 
-    /// Worker slots `job`'s running attempts hold.
-    fn slots_held(&self, job: JobId) -> usize {
-        self.running
-            .iter()
-            .filter(|(key, location)| key.job == job && matches!(location, Location::Worker(_)))
-            .count()
+    /// Worker slots each job's running attempts hold.
+    fn slots_held(&self) -> HashMap<JobId, usize> {
+        let mut held = HashMap::new();
+        for (key, location) in &self.running {
+            if matches!(location, Location::Worker(_)) {
+                *held.entry(key.job).or_insert(0) += 1;
+            }
+        }
+        held
     }
 
     /// Places waiting regions while they fit, the job holding fewest slots first (see
@@ -767,7 +833,8 @@ impl DriverActor {
     fn place_waiting(&mut self) {
         loop {
             let jobs: Vec<JobId> = self.waiting.iter().map(|(job, _, _)| *job).collect();
-            let Some(index) = next_region(&jobs, |job| self.slots_held(job)) else {
+            let held = self.slots_held();
+            let Some(index) = next_region(&jobs, |job| held.get(&job).copied().unwrap_or(0)) else {
                 return;
             };
             let Some((job, region, tasks)) = self.waiting.remove(index) else {
@@ -797,15 +864,17 @@ impl DriverActor {
             match placement {
                 Placement::Placed(locations) => self.launch(job, &tasks, &locations),
                 Placement::Wait => {
+                    let index = index.min(self.waiting.len());
                     self.waiting.insert(index, (job, region, tasks));
                     return;
                 }
                 Placement::Impossible(message) => {
-                    if let Some(entry) = self.jobs.get(&job) {
+                    if let Some(entry) = self.jobs.get_mut(&job) {
                         let error = crate::error::sluice_error(
                             ErrorKind::ResourcesExhausted,
                             format!("job {job}: {message}"),
                         );
+                        entry.record.end(JobState::Failed, Some(error.to_string()));
                         let _ = entry.output.send(OutputCommand::Finish(Err(error)));
                     }
                     let actions = self.scheduler.cancel_job(job);
@@ -903,7 +972,11 @@ impl DriverActor {
 
     /// Removes the job's streams everywhere and forgets it.
     fn clean_up(&mut self, job: JobId) {
-        self.jobs.remove(&job);
+        if let Some(entry) = self.jobs.remove(&job) {
+            let mut record = entry.record;
+            record.retries = entry.retries;
+            self.history.remember(record);
+        }
         let clients: Vec<Arc<dyn WorkerClient>> =
             std::iter::once(Arc::clone(&self.executor.client))
                 .chain(

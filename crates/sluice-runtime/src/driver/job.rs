@@ -56,6 +56,8 @@ pub(super) struct JobEntry {
     pub phase: JobPhase,
     /// Who asked for the job (from its session config), for progress reports.
     pub label: Option<Arc<super::JobLabel>>,
+    /// What the REST API and system tables tell about it.
+    pub record: super::JobRecord,
 }
 
 impl JobEntry {

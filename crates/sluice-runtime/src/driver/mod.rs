@@ -22,6 +22,7 @@
 
 mod actor;
 mod definitions;
+mod history;
 mod job;
 mod label;
 mod output;
@@ -47,6 +48,7 @@ use crate::definition::TaskStatusReport;
 use crate::error::sluice_error;
 use crate::transport::{RunTaskError, StatusReporter, StreamFetcher, WorkerClient};
 
+pub use history::{HISTORY_LIMIT, JobRecord, JobState};
 pub use label::JobLabel;
 pub use progress::{JobProgress, StageProgress, progress_line};
 
@@ -192,6 +194,13 @@ pub(crate) enum DriverEvent {
     /// A line for the user from outside the actor (the output forwarder).
     Notice(String),
     Progress(oneshot::Sender<Vec<JobProgress>>),
+    Jobs(oneshot::Sender<Vec<JobRecord>>),
+    /// A cancel on request (not a caller going away): answered with whether the job was running.
+    CancelOnRequest {
+        job: JobId,
+        why: String,
+        reply: oneshot::Sender<bool>,
+    },
 }
 
 /// A job handed to the actor.
@@ -285,6 +294,26 @@ impl DriverHandle {
     pub async fn progress(&self) -> Result<Vec<JobProgress>> {
         let (reply, answer) = oneshot::channel();
         self.send(DriverEvent::Progress(reply))?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    /// Every job the driver runs and the last ended ones ([`HISTORY_LIMIT`]), by id.
+    pub async fn jobs(&self) -> Result<Vec<JobRecord>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::Jobs(reply))?;
+        answer.await.map_err(|_| driver_gone())
+    }
+
+    /// Cancels running job `job` on request (`why` names who asked): its output ends with a
+    /// `Cancelled` error saying so and its tasks stop on every worker. `false` when it is not
+    /// running (unknown, ended, or its tasks all done).
+    pub async fn cancel_job(&self, job: JobId, why: impl Into<String>) -> Result<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.send(DriverEvent::CancelOnRequest {
+            job,
+            why: why.into(),
+            reply,
+        })?;
         answer.await.map_err(|_| driver_gone())
     }
 

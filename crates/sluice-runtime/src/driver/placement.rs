@@ -7,9 +7,11 @@
 //! cluster has can never run: that is an error, not a wait.
 //!
 //! Between jobs ([`next_region`]): the waiting region placed next is the one whose job holds the
-//! fewest worker slots, the oldest among equals, so a job running wide does not keep jobs that run
-//! nothing behind its later regions; a region that does not fit is waited for (it is not passed by
-//! smaller ones, which could starve it).
+//! fewest worker slots, the earliest queued among equals, so a job running wide does not keep jobs
+//! that run nothing behind its later regions. When that region does not fit, nothing is placed
+//! until slots free up (smaller regions do not jump the queue). A region of a job that holds slots
+//! may be passed by jobs holding fewer, but only until its job's running tasks end: then it holds
+//! none and only regions queued before it go first, so no region waits forever.
 
 use sluice_planner::{JobId, TaskId, WorkerId};
 

@@ -752,3 +752,63 @@ async fn a_lost_workers_tasks_are_retried_on_the_others() {
         (1, vec![0])
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn jobs_are_recorded_with_their_end_and_a_cancel_on_request_ends_the_output_saying_why() {
+    use crate::driver::JobState;
+    let h = Harness::new(in_process());
+    let (w, _worker) = h.worker(4, Liveness::InProcess).await;
+    let first = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    for attempt in region(1, 0) {
+        h.succeed(w, attempt, 3);
+    }
+    assert!(first.await.unwrap().is_ok());
+    let second = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let handle = h.driver.handle();
+    assert_eq!(
+        handle.jobs().await.unwrap()[1].state,
+        JobState::Running,
+        "job 2 runs"
+    );
+    assert!(handle.cancel_job(JobId(2), "REST API").await.unwrap());
+    let error = second.await.unwrap().unwrap_err();
+    assert_eq!(ErrorKind::of(&error), ErrorKind::Cancelled, "{error}");
+    assert!(
+        error
+            .to_string()
+            .ends_with("job 2 was cancelled (REST API)"),
+        "{error}"
+    );
+    assert!(
+        !handle.cancel_job(JobId(2), "again").await.unwrap(),
+        "an ended job is not cancelled twice"
+    );
+    assert!(!handle.cancel_job(JobId(9), "nobody").await.unwrap());
+    let records = handle.jobs().await.unwrap();
+    let summary: Vec<(u64, JobState, u64, usize, usize)> = records
+        .iter()
+        .map(|r| (r.job, r.state, r.rows, r.stages, r.tasks))
+        .collect();
+    // Job 1's final stage: 2 tasks of 3 rows each.
+    assert_eq!(
+        summary,
+        vec![
+            (1, JobState::Succeeded, 6, 2, 4),
+            (2, JobState::Cancelled, 0, 2, 4)
+        ]
+    );
+    assert_eq!(
+        records[1].error.as_deref(),
+        Some("job 2 was cancelled (REST API)")
+    );
+    assert!(records.iter().all(|r| r.ended_ms >= Some(r.submitted_ms)));
+    // The worker stops job 2's tasks and says so; their slots come back.
+    for attempt in region(2, 0) {
+        let stopped = TaskState::Failed(RemoteError::new(ErrorKind::Cancelled, "stopped"));
+        h.report(w, attempt, 1, stopped);
+    }
+    let snapshot = h.snapshot().await;
+    assert_eq!((snapshot.jobs, snapshot.busy_slots.clone()), (0, vec![0]));
+}

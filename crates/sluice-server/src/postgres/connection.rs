@@ -16,6 +16,7 @@
 //! statement with `57014` and drops its stream, which cancels its job on every worker; a dropped
 //! connection does the same.
 
+use sluice_runtime::JobLabel;
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
@@ -124,20 +125,34 @@ impl PgConnection {
         cancel::signal(&self.generation)
     }
 
-    /// Runs a planned statement: its rows as they come, or its command tag once it is done.
+    /// Runs a planned statement (`what` names it: its command tag, and its SQL for the job's
+    /// label): its rows as they come, or its command tag once it is done.
     async fn respond<C: ClientInfo + ?Sized>(
         &self,
         client: &C,
-        tag: String,
+        what: Described,
         planned: PlannedStatement,
         format: &Format,
         cancel: CancelSignal,
         materialize: bool,
     ) -> PgWireResult<Response> {
+        let Described { tag, sql } = what;
         let schema = planned.schema();
         let session = self.session.clone();
+        let (pid, _) = client.pid_and_secret_key();
+        let label = JobLabel {
+            tag: format!("postgres connection {pid}"),
+            sql,
+            user: client
+                .metadata()
+                .get(pgwire::api::METADATA_USER)
+                .cloned()
+                .unwrap_or_default(),
+        };
         let rows = self.admission.run(schema.clone(), move || {
-            session.run(planned).map_err(into_datafusion)
+            session
+                .run_labelled(planned, label)
+                .map_err(into_datafusion)
         });
         let rows = UntilCancelled::new(rows.map_err(pg_datafusion_error), cancel, cancelled());
         if tag == "INSERT" {
@@ -199,6 +214,12 @@ impl PgConnection {
                 "SELECT".to_string()
             }
         };
+        let sql = match &statement {
+            SluiceStatement::Sql(statement) => statement.to_string(),
+            SluiceStatement::ExplainDistributed { statement, .. } => {
+                format!("EXPLAIN DISTRIBUTED {statement}")
+            }
+        };
         let planned = self
             .session
             .plan(statement)
@@ -206,7 +227,7 @@ impl PgConnection {
             .map_err(|e| pg_error(&e))?;
         self.respond(
             client,
-            tag,
+            Described { tag, sql },
             planned,
             &Format::UnifiedText,
             cancel,
@@ -444,9 +465,13 @@ impl ExtendedQueryHandler for PgConnection {
             .plan_logical(&wrapped, logical)
             .await
             .map_err(|e| pg_error(&e))?;
+        let what = Described {
+            tag: command_tag(statement),
+            sql: statement.to_string(),
+        };
         self.respond(
             client,
-            command_tag(statement),
+            what,
             planned,
             &portal.result_column_format,
             cancel,
@@ -493,4 +518,12 @@ impl PgConnection {
         let wire_types: Vec<Option<&Type>> = wire_types.iter().map(Some).collect();
         deserialize_parameters_with_server_types(portal, &inferred, &wire_types)
     }
+}
+
+/// What a statement is, for its response and its job's label.
+struct Described {
+    /// Its command tag (`SELECT`, `INSERT`, …).
+    tag: String,
+    /// Its SQL text.
+    sql: String,
 }

@@ -12,7 +12,8 @@
 //!
 //! Invariants: a connection's session is its own (settings, views, tables it creates); errors carry
 //! the SQLSTATE of their kind ([`crate::status::Failure`]); like the Flight SQL endpoint this door
-//! has no TLS yet, so it listens on loopback addresses only; with accounts, nothing runs on a
+//! listens on loopback addresses only unless it has TLS (then it refuses connections that do not
+//! ask for it) and the server has accounts; with accounts, nothing runs on a
 //! connection before its SCRAM login succeeded; stopping (or dropping) the endpoint stops accepting
 //! and closes every connection (their statements' jobs are cancelled).
 
@@ -77,8 +78,8 @@ pub struct PgEndpoint {
 }
 
 impl PgEndpoint {
-    /// Serves `sessions`' base session (each connection forks it) on `options.listen`, a loopback
-    /// address (no TLS yet), with `sessions`' accounts.
+    /// Serves `sessions`' base session (each connection forks it) on `options.listen` (a loopback
+    /// address unless TLS and accounts), with `sessions`' accounts.
     pub async fn start(sessions: Arc<Sessions>, options: &PgOptions) -> Result<Self> {
         let (listener, address) = crate::server::bind_front_door(
             &options.listen,

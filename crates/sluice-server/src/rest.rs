@@ -1,0 +1,190 @@
+//! The REST API of `sluice server` (`--http-listen`, default `127.0.0.1:8080`): the driver's jobs and
+//! workers as JSON, and a cancel button, for scripts, dashboards and the coming web UI.
+//!
+//! ```text
+//!  GET  /api/v1/jobs               [job, …] by id: running ones and the last ended ones
+//!  GET  /api/v1/jobs/{id}          job + "progress" (per stage: total, running, done, rows) while it runs
+//!  POST /api/v1/jobs/{id}/cancel   {"cancelled": true} · 404 unknown job · 409 not running
+//!  GET  /api/v1/workers            [{address, running_tasks, live_attempts, stream_outputs, memory_used}, …]
+//! ```
+//!
+//! A job: `id`, `state` (`running` / `succeeded` / `failed` / `cancelled`), `sql`, `user`, `tag` (the
+//! front door's name for the statement; all three `null` for jobs not submitted through a front
+//! door), `submitted_ms` / `ended_ms` (Unix epoch ms), `elapsed_ms`, `stages`, `tasks`, `rows` (the
+//! final stage's, once succeeded), `retries`, `error`.
+//!
+//! Invariants: read-only except cancel; a cancel ends the job's result stream with `Cancelled`
+//! (the client sees why) and stops its tasks on every worker; the API has no login, so it listens
+//! on loopback addresses only.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use datafusion::common::runtime::SpawnedTask;
+use serde_json::{Value, json};
+use sluice_engine::Result;
+use sluice_planner::JobId;
+use sluice_runtime::{DriverHandle, JobRecord};
+use tokio::sync::oneshot;
+
+use crate::service::workers_json;
+use crate::sessions::Sessions;
+
+/// Where the REST API listens unless told otherwise.
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
+
+/// A running REST endpoint.
+#[derive(Debug)]
+pub struct RestEndpoint {
+    address: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    serving: Option<SpawnedTask<std::io::Result<()>>>,
+}
+
+type Reply = (StatusCode, Json<Value>);
+
+impl RestEndpoint {
+    /// Serves `sessions`' driver on `listen` (a loopback address).
+    pub async fn start(sessions: Arc<Sessions>, listen: &str) -> Result<Self> {
+        let (listener, address) =
+            crate::server::bind_front_door(listen, "REST", "job details", false, false).await?;
+        let app = Router::new()
+            .route("/api/v1/jobs", get(jobs))
+            .route("/api/v1/jobs/{id}", get(job))
+            .route("/api/v1/jobs/{id}/cancel", post(cancel))
+            .route("/api/v1/workers", get(workers))
+            .with_state(sessions);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = SpawnedTask::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(Self {
+            address,
+            stop: Some(stop),
+            serving: Some(serving),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stops accepting requests and lets those in flight end.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            let _ = serving.join().await;
+        }
+    }
+}
+
+fn driver(sessions: &Sessions) -> Option<DriverHandle> {
+    sessions.base().runner().driver()
+}
+
+fn failure(status: StatusCode, message: impl Into<String>) -> Reply {
+    (status, Json(json!({ "error": message.into() })))
+}
+
+/// `job` as the API shows it.
+pub fn job_json(job: &JobRecord) -> Value {
+    let label = job.label.as_deref();
+    json!({
+        "id": job.job,
+        "state": job.state.name(),
+        "sql": label.map(|l| l.sql.clone()),
+        "user": label.map(|l| l.user.clone()),
+        "tag": label.map(|l| l.tag.clone()),
+        "submitted_ms": job.submitted_ms,
+        "ended_ms": job.ended_ms,
+        "elapsed_ms": job.elapsed_ms(),
+        "stages": job.stages,
+        "tasks": job.tasks,
+        "rows": job.rows,
+        "retries": job.retries,
+        "error": job.error,
+    })
+}
+
+async fn records(sessions: &Sessions) -> std::result::Result<Vec<JobRecord>, Reply> {
+    match driver(sessions) {
+        None => Ok(Vec::new()),
+        Some(driver) => driver
+            .jobs()
+            .await
+            .map_err(|e| failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+    }
+}
+
+async fn jobs(State(sessions): State<Arc<Sessions>>) -> Reply {
+    match records(&sessions).await {
+        Ok(records) => (
+            StatusCode::OK,
+            Json(Value::Array(records.iter().map(job_json).collect())),
+        ),
+        Err(reply) => reply,
+    }
+}
+
+async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Reply {
+    let records = match records(&sessions).await {
+        Ok(records) => records,
+        Err(reply) => return reply,
+    };
+    let Some(record) = records.iter().find(|r| r.job == id) else {
+        return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
+    };
+    let mut body = job_json(record);
+    let progress = match driver(&sessions) {
+        Some(driver) => driver.progress().await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    if let Some(job) = progress.iter().find(|p| p.job == id) {
+        body["progress"] = job
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(stage, s)| {
+                json!({"stage": stage, "total": s.total, "running": s.running, "done": s.done, "rows": s.rows})
+            })
+            .collect();
+    }
+    (StatusCode::OK, Json(body))
+}
+
+async fn cancel(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Reply {
+    let Some(driver) = driver(&sessions) else {
+        return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
+    };
+    match driver.cancel_job(JobId(id), "REST API").await {
+        Ok(true) => (StatusCode::OK, Json(json!({ "cancelled": true }))),
+        Ok(false) => match records(&sessions).await {
+            Ok(records) if records.iter().any(|r| r.job == id) => {
+                failure(StatusCode::CONFLICT, format!("job {id} is not running"))
+            }
+            Ok(_) => failure(StatusCode::NOT_FOUND, format!("no job {id}")),
+            Err(reply) => reply,
+        },
+        Err(e) => failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn workers(State(sessions): State<Arc<Sessions>>) -> Reply {
+    match sessions.base().runner().cluster_state().await {
+        Ok(Some(state)) => (StatusCode::OK, Json(Value::Array(workers_json(&state)))),
+        Ok(None) => (StatusCode::OK, Json(Value::Array(Vec::new()))),
+        Err(e) => failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
