@@ -163,13 +163,7 @@ impl DriverActor {
                 {
                     entry.record.end(JobState::Cancelled, None);
                 }
-                self.waiting.retain(|(j, _, _)| *j != job);
-                let actions = self.scheduler.cancel_job(job);
-                if actions.is_empty() {
-                    self.clean_up(job);
-                } else {
-                    self.perform(actions);
-                }
+                self.cancel_job(job);
             }
             DriverEvent::ApproveOutput {
                 job,
@@ -305,6 +299,12 @@ impl DriverActor {
         entry.record.end(JobState::Cancelled, Some(message.clone()));
         let error = crate::error::sluice_error(ErrorKind::Cancelled, message);
         let _ = entry.output.send(OutputCommand::Finish(Err(error)));
+        self.cancel_job(job);
+        true
+    }
+
+    /// Drops `job`'s waiting regions and stops its tasks (cleaned up at once when none run).
+    fn cancel_job(&mut self, job: JobId) {
         self.waiting.retain(|(j, _, _)| *j != job);
         let actions = self.scheduler.cancel_job(job);
         if actions.is_empty() {
@@ -312,7 +312,6 @@ impl DriverActor {
         } else {
             self.perform(actions);
         }
-        true
     }
 
     /// Every live job's record and the remembered ended ones, by id.
