@@ -287,6 +287,23 @@ fn tasks_running(state: &serde_json::Value) -> u64 {
     state["driver"]["running_tasks"].as_u64().unwrap() + workers
 }
 
+/// Polls `state` until no job or task is left on the driver or any worker, failing if that takes
+/// more than a second after `what`.
+fn assert_idle_within_a_second(state: &dyn Fn() -> serde_json::Value, what: &str) {
+    let cancelled = std::time::Instant::now();
+    loop {
+        let now = state();
+        if tasks_running(&now) == 0 && now["driver"]["jobs"] == 0 {
+            break;
+        }
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(1),
+            "tasks still ran 1 s after {what}: {now}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn the_remote_cli_shows_the_servers_progress_and_ctrl_c_cancels_its_job_on_every_worker() {
     use std::io::{Read, Write};
@@ -340,18 +357,7 @@ fn the_remote_cli_shows_the_servers_progress_and_ctrl_c_cancels_its_job_on_every
     assert!(tasks_running(&busy) > 0, "{busy}");
 
     child.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
-    let cancelled = std::time::Instant::now();
-    loop {
-        let now = state();
-        if tasks_running(&now) == 0 && now["driver"]["jobs"] == 0 {
-            break;
-        }
-        assert!(
-            cancelled.elapsed() < Duration::from_secs(1),
-            "tasks still ran 1 s after Ctrl-C: {now}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_idle_within_a_second(&state, "Ctrl-C");
     let status = child.wait().unwrap();
     reader.join().unwrap();
     seen.extend(chunks.try_iter());
@@ -619,18 +625,7 @@ fn the_rest_api_lists_jobs_with_their_rows_and_cancels_a_running_one_on_every_wo
         (status, body),
         (200, serde_json::json!({"cancelled": true}))
     );
-    let cancelled = std::time::Instant::now();
-    loop {
-        let now = state();
-        if tasks_running(&now) == 0 && now["driver"]["jobs"] == 0 {
-            break;
-        }
-        assert!(
-            cancelled.elapsed() < Duration::from_secs(1),
-            "tasks still ran 1 s after the cancel: {now}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_idle_within_a_second(&state, "the cancel");
     let output = long.wait_with_output().unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(!output.status.success());

@@ -58,7 +58,7 @@ impl SluiceFlightService {
                 .await?
                 .into_inner(),
         };
-        let Some(handle) = statement_of(&info) else {
+        let Ok(handle) = statement_of(&info) else {
             // Metadata: its FlightInfo is complete at once.
             return Ok(PollInfo {
                 info: Some(info),
@@ -141,16 +141,26 @@ impl Report {
     }
 }
 
-/// The statement `info`'s ticket fetches, if it is a statement's.
-fn statement_of(info: &FlightInfo) -> Option<QueryHandle> {
-    let ticket = info.endpoint.first()?.ticket.as_ref()?;
-    let any = arrow_flight::sql::Any::decode(ticket.ticket.as_ref()).ok()?;
-    let Ok(Command::TicketStatementQuery(TicketStatementQuery { statement_handle })) =
-        Command::try_from(any)
-    else {
-        return None;
+/// The statement `info`'s ticket fetches (for `CancelFlightInfo` and polls); an error says why it
+/// is not a statement's ticket.
+pub(crate) fn statement_of(info: &FlightInfo) -> Result<QueryHandle, Status> {
+    let ticket = info
+        .endpoint
+        .first()
+        .and_then(|endpoint| endpoint.ticket.as_ref())
+        .ok_or_else(|| Status::invalid_argument("the FlightInfo to cancel has no ticket"))?;
+    let not_a_statement = |e: &dyn std::fmt::Display| {
+        Status::invalid_argument(format!("not a statement ticket: {e}"))
     };
-    QueryHandle::from_bytes(&statement_handle).ok()
+    let any =
+        arrow_flight::sql::Any::decode(ticket.ticket.as_ref()).map_err(|e| not_a_statement(&e))?;
+    let command = Command::try_from(any).map_err(|e| not_a_statement(&e))?;
+    let Command::TicketStatementQuery(TicketStatementQuery { statement_handle }) = command else {
+        return Err(Status::invalid_argument(
+            "only statements can be cancelled (metadata answers at once)",
+        ));
+    };
+    QueryHandle::from_bytes(&statement_handle)
 }
 
 /// The statement ticket of `handle` (as `GetFlightInfo` hands it out).

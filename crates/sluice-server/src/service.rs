@@ -27,7 +27,7 @@ use arrow_flight::sql::metadata::{SqlInfoData, XdbcTypeInfoData};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, Command, CommandGetCatalogs, CommandGetDbSchemas,
+    ActionCreatePreparedStatementResult, CommandGetCatalogs, CommandGetDbSchemas,
     CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandGetXdbcTypeInfo,
     CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
     CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
@@ -146,22 +146,10 @@ impl SluiceFlightSql {
     ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
         let request = CancelFlightInfoRequest::decode(body)
             .map_err(|e| Status::invalid_argument(format!("not a CancelFlightInfoRequest: {e}")))?;
-        let ticket = request
+        let info = request
             .info
-            .and_then(|info| info.endpoint.into_iter().next())
-            .and_then(|endpoint| endpoint.ticket)
             .ok_or_else(|| Status::invalid_argument("the FlightInfo to cancel has no ticket"))?;
-        let command = Command::try_from(
-            arrow_flight::sql::Any::decode(ticket.ticket.as_ref())
-                .map_err(|e| Status::invalid_argument(format!("not a statement ticket: {e}")))?,
-        )
-        .map_err(|e| Status::invalid_argument(format!("not a statement ticket: {e}")))?;
-        let Command::TicketStatementQuery(statement) = command else {
-            return Err(Status::invalid_argument(
-                "only statements can be cancelled (metadata answers at once)",
-            ));
-        };
-        let handle = QueryHandle::from_bytes(&statement.statement_handle)?;
+        let handle = crate::poll::statement_of(&info)?;
         self.queries.cancel(handle, key)?;
         let result = arrow_flight::Result {
             body: CancelFlightInfoResult {
