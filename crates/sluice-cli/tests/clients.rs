@@ -16,8 +16,15 @@ use common::{Server, http, sluice, tls_files, tpch_dir};
 
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
-/// The venv with the pinned clients, created (or refreshed when the requirements change) once.
+/// The venv with the pinned clients, created (or refreshed when the requirements change) once. Tests
+/// of this binary run in parallel threads and two of them need it: the first makes it while the other
+/// waits (two `python3 -m venv` into one directory at once break each other's `ensurepip`).
 fn python() -> PathBuf {
+    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    VENV.get_or_init(make_venv).clone()
+}
+
+fn make_venv() -> PathBuf {
     let requirements =
         std::fs::read_to_string(Path::new(PYTHON_DIR).join("requirements.txt")).unwrap();
     let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-clients");
@@ -538,7 +545,7 @@ fn both_front_doors_serve_tls_and_refuse_clients_that_do_not_use_it() {
 }
 
 #[test]
-fn the_rest_api_lists_jobs_with_their_rows_and_cancels_a_running_one_on_every_worker() {
+fn the_rest_api_lists_jobs_with_their_attempts_cancels_one_on_every_worker_and_metrics_agree() {
     let server = Server::start(&["--workers", "2"], tpch_dir());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let observer = runtime
@@ -576,6 +583,33 @@ fn the_rest_api_lists_jobs_with_their_rows_and_cancels_a_running_one_on_every_wo
     let id = last["id"].as_u64().unwrap();
     let (status, one) = http("GET", &server.http, &format!("/api/v1/jobs/{id}"));
     assert_eq!((status, &one["id"]), (200, &last["id"]), "{one}");
+    // Every task attempt of it, all succeeded on the two workers, and per stage their sums.
+    let attempts = one["attempts"].as_array().unwrap();
+    assert_eq!(
+        attempts.len() as u64,
+        last["tasks"].as_u64().unwrap(),
+        "{one}"
+    );
+    assert!(
+        attempts.iter().all(|a| a["state"] == "succeeded"
+            && a["attempt"] == 0
+            && a["worker_id"].as_u64().is_some()
+            && a["ended_ms"].as_u64() >= a["started_ms"].as_u64()),
+        "{one}"
+    );
+    let stages = one["stage_details"].as_array().unwrap();
+    assert_eq!(
+        stages.len() as u64,
+        last["stages"].as_u64().unwrap(),
+        "{one}"
+    );
+    assert_eq!(stages.last().unwrap()["rows"], 5, "{one}");
+    assert!(
+        stages
+            .iter()
+            .all(|s| s["succeeded"] == s["tasks"] && s["attempts"] == s["tasks"]),
+        "{one}"
+    );
 
     // A long statement through Flight SQL, cancelled through the API.
     let long = sluice()
@@ -646,5 +680,82 @@ fn the_rest_api_lists_jobs_with_their_rows_and_cancels_a_running_one_on_every_wo
         state()["workers"],
         "the API shows what sluice.state shows"
     );
+    assert_metrics_agree_with_the_jobs(&server.http);
     server.stop();
+}
+
+/// `/metrics` parses as Prometheus text (prometheus_client's parser) and its counters are what
+/// `/api/v1/jobs` says the server's jobs did.
+fn assert_metrics_agree_with_the_jobs(http_address: &str) {
+    let (status, text) = common::http_text("GET", http_address, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let mut parse = Command::new(python())
+        .arg(Path::new(PYTHON_DIR).join("parse_metrics.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut parse.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let parsed = parse.wait_with_output().unwrap();
+    assert!(
+        parsed.status.success(),
+        "{}\n{text}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let samples: serde_json::Value = serde_json::from_slice(&parsed.stdout).unwrap();
+    let sample = |name: &str| samples[name].as_f64().unwrap_or(0.0) as u64;
+    let (_, jobs) = http("GET", http_address, "/api/v1/jobs");
+    let jobs = jobs.as_array().unwrap();
+    let count = |state: &str| jobs.iter().filter(|j| j["state"] == state).count() as u64;
+    assert!(
+        count("succeeded") >= 1 && count("cancelled") == 1,
+        "{jobs:?}"
+    );
+    for state in ["succeeded", "failed", "cancelled"] {
+        assert_eq!(
+            sample(&format!("sluice_jobs_total{{state={state}}}")),
+            count(state),
+            "{state}: {samples}"
+        );
+    }
+    let rows: u64 = jobs
+        .iter()
+        .filter(|j| j["state"] == "succeeded")
+        .map(|j| j["rows"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sample("sluice_rows_returned_total{}"), rows, "{samples}");
+    assert_eq!(
+        sample("sluice_job_duration_seconds_count{state=succeeded}"),
+        count("succeeded"),
+        "{samples}"
+    );
+    let attempts: Vec<serde_json::Value> = jobs
+        .iter()
+        .flat_map(|j| {
+            let (_, detail) = http("GET", http_address, &format!("/api/v1/jobs/{}", j["id"]));
+            detail["attempts"].as_array().unwrap().clone()
+        })
+        .collect();
+    for state in ["succeeded", "failed", "cancelled", "lost"] {
+        let ended = attempts.iter().filter(|a| a["state"] == state).count() as u64;
+        assert_eq!(
+            sample(&format!("sluice_tasks_total{{state={state}}}")),
+            ended,
+            "{state}: {samples}"
+        );
+    }
+    assert_eq!(sample("sluice_workers{}"), 2, "{samples}");
+    assert_eq!(sample("sluice_jobs_running{}"), 0, "{samples}");
+    assert_eq!(sample("sluice_tasks_running{}"), 0, "{samples}");
+    let memory_series = samples
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("sluice_worker_memory_used_bytes{worker="))
+        .count();
+    assert_eq!(
+        memory_series, 3,
+        "the two workers and the driver's executor: {samples}"
+    );
 }

@@ -17,6 +17,7 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod session;
+pub mod system_tables;
 
 pub use config::{ExecutionMode, SluiceConfig};
 pub use error::{Result, SluiceError};

@@ -33,6 +33,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
+use crate::system_tables::register_system_tables;
 use sluice_planner::JobGraph;
 use sluice_planner::explain::{explain_json, explain_text};
 use sluice_runtime::{JobLabel, JobRunner};
@@ -129,6 +130,7 @@ impl SluiceSession {
             runtime = runtime.with_memory_limit(bytes, 1.0);
         }
         let ctx = SessionContext::new_with_config_rt(session_config, runtime.build_arc()?);
+        register_system_tables(&ctx, Arc::clone(&runner))?;
         Ok(Self {
             ctx,
             runner,
@@ -143,8 +145,10 @@ impl SluiceSession {
 
     /// Replaces the runner (for a runner with non-default options, such as a local cluster with a
     /// fault hook in tests); the session's settings stay those of its configured mode.
-    pub fn set_runner(&mut self, runner: Arc<dyn JobRunner>) {
+    pub fn set_runner(&mut self, runner: Arc<dyn JobRunner>) -> Result<()> {
+        register_system_tables(&self.ctx, Arc::clone(&runner))?;
         self.runner = runner;
+        Ok(())
     }
 
     /// The runner that executes this session's queries.
@@ -378,6 +382,7 @@ impl SluiceSession {
             let provider = self.ctx.table_provider(name.as_str()).await?;
             ctx.register_table(name.as_str(), provider)?;
         }
+        register_system_tables(&ctx, Arc::clone(&self.runner))?;
         Ok(Self {
             ctx,
             runner: self.runner.clone(),

@@ -120,13 +120,19 @@ pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -
                 .filter_map(|task| metrics.get(task).map(|m| (m.elapsed_ms, task.partition)))
                 .collect();
             times.sort_unstable();
+            let mut rows: Vec<u64> = tasks
+                .iter()
+                .filter_map(|task| metrics.get(task).map(|m| m.rows))
+                .collect();
+            rows.sort_unstable();
+            let spread = row_spread(&rows);
             let summary = match (times.get(times.len() / 2), times.last()) {
                 (Some((median, _)), Some((max, slowest))) => format!(
-                    "{} tasks, {written} rows written; task time median {median} ms, max {max} ms \
-                     (partition {slowest}, shown below)",
+                    "{} tasks, {written} rows written{spread}; task time median {median} ms, \
+                     max {max} ms (partition {slowest}, shown below)",
                     tasks.len()
                 ),
-                _ => format!("{} tasks, {written} rows written", tasks.len()),
+                _ => format!("{} tasks, {written} rows written{spread}", tasks.len()),
             };
             let plan = times
                 .last()
@@ -143,6 +149,26 @@ pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -
             }
         })
         .collect()
+}
+
+/// How rows spread over a stage's tasks (`sorted` ascending): " (per task 2 to 9, skew 1.80)", the
+/// skew being the largest over the mean (1.00: even; the number of tasks: one task has them all).
+/// Empty for fewer than two tasks; no skew when no task wrote a row.
+fn row_spread(sorted: &[u64]) -> String {
+    let (Some(least), Some(most)) = (sorted.first(), sorted.last()) else {
+        return String::new();
+    };
+    if sorted.len() < 2 {
+        return String::new();
+    }
+    let total: u64 = sorted.iter().sum();
+    let skew = if total > 0 {
+        let mean = total as f64 / sorted.len() as f64;
+        format!(", skew {:.2}", *most as f64 / mean)
+    } else {
+        String::new()
+    };
+    format!(" (per task {least} to {most}{skew})")
 }
 
 /// The reports as a batch of `schema` (`AnalyzeExec`'s two string columns), or `None` if the schema
@@ -170,6 +196,16 @@ mod tests {
     use datafusion::arrow::datatypes::{Field, Schema};
 
     use super::*;
+
+    #[test]
+    fn row_spread_names_the_range_and_the_skew_over_the_mean() {
+        assert_eq!(row_spread(&[]), "");
+        assert_eq!(row_spread(&[25]), "");
+        assert_eq!(row_spread(&[3, 3]), " (per task 3 to 3, skew 1.00)");
+        assert_eq!(row_spread(&[0, 5]), " (per task 0 to 5, skew 2.00)");
+        assert_eq!(row_spread(&[1, 2, 2, 9]), " (per task 1 to 9, skew 2.57)");
+        assert_eq!(row_spread(&[0, 0]), " (per task 0 to 0)");
+    }
 
     #[test]
     fn a_batch_only_for_two_string_columns() {

@@ -25,6 +25,7 @@ pub mod client;
 pub mod metadata;
 pub mod poll;
 pub mod postgres;
+pub mod prometheus;
 pub mod queries;
 pub mod rest;
 pub mod scram;

@@ -3,9 +3,13 @@
 //!
 //! ```text
 //!  GET  /api/v1/jobs               [job, …] by id: running ones and the last ended ones
-//!  GET  /api/v1/jobs/{id}          job + "progress" (per stage: total, running, done, rows) while it runs
+//!  GET  /api/v1/jobs/{id}          job + "stage_details" (per stage: tasks, attempts, succeeded,
+//!                                  running, rows, bytes, task time and rows: median and max) +
+//!                                  "attempts" (every task attempt: where, when, state, metrics)
+//!                                  + "progress" (per stage: total, running, done, rows) while it runs
 //!  POST /api/v1/jobs/{id}/cancel   {"cancelled": true} · 404 unknown job · 409 not running
 //!  GET  /api/v1/workers            [{address, running_tasks, live_attempts, stream_outputs, memory_used}, …]
+//!  GET  /metrics                   Prometheus text format (`crate::prometheus`)
 //! ```
 //!
 //! A job: `id`, `state` (`running` / `succeeded` / `failed` / `cancelled`), `sql`, `user`, `tag` (the
@@ -29,7 +33,7 @@ use datafusion::common::runtime::SpawnedTask;
 use serde_json::{Value, json};
 use sluice_engine::Result;
 use sluice_planner::JobId;
-use sluice_runtime::{DriverHandle, JobRecord};
+use sluice_runtime::{DriverHandle, JobRecord, StageSummary, TaskRecord, stage_summaries};
 use tokio::sync::oneshot;
 
 use crate::service::workers_json;
@@ -51,6 +55,8 @@ type Reply = (StatusCode, Json<Value>);
 impl RestEndpoint {
     /// Serves `sessions`' driver on `listen` (a loopback address).
     pub async fn start(sessions: Arc<Sessions>, listen: &str) -> Result<Self> {
+        // Counting starts with the endpoint; without a recorder `/metrics` says why.
+        let _ = crate::prometheus::install();
         let (listener, address) =
             crate::server::bind_front_door(listen, "REST", "job details", false, false).await?;
         let app = Router::new()
@@ -58,6 +64,7 @@ impl RestEndpoint {
             .route("/api/v1/jobs/{id}", get(job))
             .route("/api/v1/jobs/{id}/cancel", post(cancel))
             .route("/api/v1/workers", get(workers))
+            .route("/metrics", get(metrics))
             .with_state(sessions);
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = SpawnedTask::spawn(async move {
@@ -110,11 +117,49 @@ pub fn job_json(job: &JobRecord) -> Value {
         "submitted_ms": job.submitted_ms,
         "ended_ms": job.ended_ms,
         "elapsed_ms": job.elapsed_ms(),
-        "stages": job.stages,
-        "tasks": job.tasks,
+        "stages": job.stages(),
+        "tasks": job.tasks(),
         "rows": job.rows,
         "retries": job.retries,
         "error": job.error,
+    })
+}
+
+/// One stage's summary, as `/api/v1/jobs/{id}` shows it.
+fn stage_json(stage: usize, s: &StageSummary) -> Value {
+    json!({
+        "stage": stage,
+        "tasks": s.tasks,
+        "attempts": s.attempts,
+        "succeeded": s.succeeded,
+        "running": s.running,
+        "rows": s.rows,
+        "shuffled_bytes": s.shuffled_bytes,
+        "spilled_bytes": s.spilled_bytes,
+        "task_ms_median": s.task_ms.map(|t| t.0),
+        "task_ms_max": s.task_ms.map(|t| t.1),
+        "task_rows_median": s.task_rows.map(|t| t.0),
+        "task_rows_max": s.task_rows.map(|t| t.1),
+    })
+}
+
+/// One task attempt, as `/api/v1/jobs/{id}` shows it.
+fn attempt_json(a: &TaskRecord) -> Value {
+    json!({
+        "stage": a.attempt.task.stage.0,
+        "partition": a.attempt.task.partition,
+        "attempt": a.attempt.attempt,
+        "worker_id": a.worker.map(|w| w.0),
+        "address": a.address,
+        "state": a.state.name(),
+        "started_ms": a.started_ms,
+        "ended_ms": a.ended_ms,
+        "elapsed_ms": a.elapsed_ms(),
+        "task_ms": a.metrics.elapsed_ms,
+        "rows": a.metrics.rows,
+        "shuffled_bytes": a.metrics.shuffled_bytes,
+        "spilled_bytes": a.metrics.spilled_bytes,
+        "error": a.error,
     })
 }
 
@@ -147,6 +192,12 @@ async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Repl
         return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
     };
     let mut body = job_json(record);
+    body["stage_details"] = stage_summaries(&record.stage_tasks, &record.attempts)
+        .iter()
+        .enumerate()
+        .map(|(stage, s)| stage_json(stage, s))
+        .collect();
+    body["attempts"] = record.attempts.iter().map(attempt_json).collect();
     let progress = match driver(&sessions) {
         Some(driver) => driver.progress().await.unwrap_or_default(),
         None => Vec::new(),
@@ -186,5 +237,21 @@ async fn workers(State(sessions): State<Arc<Sessions>>) -> Reply {
         Ok(Some(state)) => (StatusCode::OK, Json(Value::Array(workers_json(&state)))),
         Ok(None) => (StatusCode::OK, Json(Value::Array(Vec::new()))),
         Err(e) => failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn metrics(State(sessions): State<Arc<Sessions>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match crate::prometheus::render(sessions.base().runner().as_ref()).await {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(message) => failure(StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
     }
 }

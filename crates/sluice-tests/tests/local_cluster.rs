@@ -135,6 +135,128 @@ async fn a_task_that_fails_once_is_retried_and_the_answer_is_right() {
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 
+/// The rows of `sql` run on `session`, each cell formatted (NULL as `NULL`).
+async fn rows_of(session: &SluiceSession, sql: &str) -> Vec<Vec<String>> {
+    let outputs = session.run_sql(sql).await.unwrap();
+    format_rows(&outputs.last().unwrap().batches).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sluice_tables_show_a_retried_jobs_every_attempt_with_its_metrics() {
+    let (hook, seen) =
+        counting_hook(|key| key.stage.0 == 0 && key.partition == 1 && key.attempt == 0);
+    let runner = cluster_runner(2, Some(hook));
+    let cluster = cluster_session(&runner).await;
+    let query = tpch_query(Q3, 0.01).unwrap();
+    let answer = run_tpch_query(&cluster, &query).await.unwrap();
+    let answer_rows: usize = answer.iter().map(|b| b.num_rows()).sum();
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+    let job = rows_of(
+        &cluster,
+        "select job_id, state, rows, retries, stages, tasks, error from sluice.jobs",
+    )
+    .await;
+    assert_eq!(job.len(), 1, "{job:?}");
+    let (stages, tasks) = (job[0][4].clone(), job[0][5].clone());
+    assert_eq!(
+        job[0][..4],
+        ["1", "succeeded", &answer_rows.to_string(), "1"],
+        "{job:?}"
+    );
+    assert_eq!(job[0][6], "NULL");
+
+    let attempts = rows_of(
+        &cluster,
+        "select stage, partition, attempt, state, error, rows, task_ms >= 0, worker_id is not null \
+         from sluice.tasks where job_id = 1 order by stage, partition, attempt",
+    )
+    .await;
+    let keys: Vec<(usize, usize, usize)> = attempts
+        .iter()
+        .map(|r| {
+            (
+                r[0].parse().unwrap(),
+                r[1].parse().unwrap(),
+                r[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    let mut started: Vec<(usize, usize, usize)> = seen.lock().unwrap().keys().copied().collect();
+    started.sort();
+    // One row per attempt placed: every one a worker started, and those stopped before they
+    // started (cancelled with their region).
+    for key in &started {
+        assert_eq!(
+            keys.iter().filter(|k| *k == key).count(),
+            1,
+            "{key:?}: {keys:?}"
+        );
+    }
+    for (row, key) in attempts.iter().zip(&keys) {
+        assert!(started.contains(key) || row[3] == "cancelled", "{row:?}");
+    }
+    let failed: Vec<&Vec<String>> = attempts.iter().filter(|r| r[3] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{attempts:?}");
+    assert_eq!(failed[0][..3], ["0", "1", "0"]);
+    assert!(failed[0][4].contains("disk on fire"), "{failed:?}");
+    // Rows are what a succeeded attempt reported; the others did not finish.
+    assert!(
+        attempts.iter().all(|r| r[3] == "succeeded" || r[5] == "0"),
+        "{attempts:?}"
+    );
+    // Each task succeeded with its last attempt; the failed one's region partners before it were
+    // stopped (or had finished).
+    let last_attempt = |stage: usize, partition: usize| {
+        keys.iter()
+            .filter(|k| (k.0, k.1) == (stage, partition))
+            .map(|k| k.2)
+            .max()
+    };
+    for (row, (stage, partition, attempt)) in attempts.iter().zip(&keys) {
+        let expected: &[&str] = if Some(*attempt) == last_attempt(*stage, *partition) {
+            &["succeeded"]
+        } else if (*stage, *partition) == (0, 1) {
+            &["failed"]
+        } else {
+            // Stopped with its region, or done before the region failed.
+            &["cancelled", "succeeded"]
+        };
+        assert!(expected.contains(&row[3].as_str()), "{row:?}");
+        assert_eq!(row[6..], ["true", "true"], "{row:?}");
+    }
+    let last_ones = keys
+        .iter()
+        .filter(|k| Some(k.2) == last_attempt(k.0, k.1))
+        .count();
+    assert_eq!(last_ones.to_string(), tasks, "{attempts:?}");
+
+    let per_stage = rows_of(
+        &cluster,
+        "select count(*), sum(tasks), sum(succeeded), sum(attempts), \
+         sum(case when task_ms_max >= task_ms_median then 1 else 0 end) \
+         from sluice.stages where job_id = 1",
+    )
+    .await;
+    assert_eq!(
+        per_stage,
+        vec![vec![
+            stages.clone(),
+            tasks.clone(),
+            tasks,
+            attempts.len().to_string(),
+            stages
+        ]]
+    );
+    // The two workers and the driver's own executor, all idle.
+    let workers = rows_of(
+        &cluster,
+        "select count(*), sum(running_tasks), count(*) filter (where address = 'driver') \
+         from sluice.workers",
+    )
+    .await;
+    assert_eq!(workers, vec![vec!["3", "0", "1"]]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_always_fails_fails_the_query_with_its_own_error() {
     let (hook, seen) = counting_hook(|key| key.stage.0 == 0 && key.partition == 0);
@@ -380,7 +502,10 @@ async fn assert_explain_analyze_shows_every_stage(session: &SluiceSession) {
     for stage in 0..earlier {
         assert!(text.contains(&format!("Stage {stage} ")), "{text}");
     }
-    assert!(text.contains("rows written; task time median"), "{text}");
+    assert!(text.contains("; task time median"), "{text}");
+    // A stage of several tasks shows how its rows spread over them (the skew).
+    assert!(text.contains(" rows written (per task "), "{text}");
+    assert!(text.contains(", skew "), "{text}");
     assert!(text.contains("ShuffleWriterExec"), "{text}");
     assert!(text.contains("channel_rows="), "{text}");
 }

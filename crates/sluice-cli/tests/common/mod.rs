@@ -190,6 +190,13 @@ pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 /// One HTTP/1.1 request to `address` (`host:port`): the status code and the JSON body.
 pub fn http(method: &str, address: &str, path: &str) -> (u16, serde_json::Value) {
+    let (status, body) = http_text(method, address, path);
+    let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+    (status, json)
+}
+
+/// `method path` on the HTTP endpoint at `address`: the status and the body as text.
+pub fn http_text(method: &str, address: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     write!(
@@ -201,6 +208,5 @@ pub fn http(method: &str, address: &str, path: &str) -> (u16, serde_json::Value)
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
-    (status, json)
+    (status, body.to_string())
 }

@@ -24,12 +24,14 @@ use sluice_planner::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::attempts::TaskRecordState;
 use super::definitions::task_definition;
 use super::history::JobHistory;
 use super::job::{JobEntry, JobPhase};
 use super::output::{FinishedJob, OutputCommand};
 use super::placement::{Location, Placement, PlacementView, Slots, next_region, place};
 use super::shipping::ship_stages;
+use super::telemetry;
 use super::{
     DriverCounters, DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress,
     JobRecord, JobState, Liveness, StageProgress, Submission, WorkerRegistration,
@@ -320,6 +322,7 @@ impl DriverActor {
         records.extend(self.jobs.values().map(|entry| {
             let mut record = entry.record.clone();
             record.retries = entry.retries;
+            record.attempts = Arc::new(entry.attempts.records().to_vec());
             record
         }));
         records.sort_by_key(|record| record.job);
@@ -363,10 +366,13 @@ impl DriverActor {
         };
         let analyze = is_analyze(&graph);
         let label = super::JobLabel::of(&context);
-        let tasks = graph.stages().iter().map(|stage| stage.partitions()).sum();
-        let stages = graph.stages().len();
+        let stage_tasks = graph
+            .stages()
+            .iter()
+            .map(|stage| stage.partitions())
+            .collect();
         let (job, actions) = self.scheduler.accept_job(graph.clone());
-        let record = JobRecord::submitted(job.0, label.clone(), stages, tasks);
+        let record = JobRecord::submitted(job.0, label.clone(), stage_tasks);
         self.jobs.insert(
             job,
             JobEntry {
@@ -386,6 +392,7 @@ impl DriverActor {
                 phase: JobPhase::Running,
                 label,
                 record,
+                attempts: Default::default(),
             },
         );
         let _ = reply.send(Ok(job));
@@ -418,18 +425,45 @@ impl DriverActor {
         if terminal {
             self.free_slot(key);
         }
-        let (status, metrics) = match report.state {
-            TaskState::Running => (TaskStatus::Running, None),
-            TaskState::Succeeded(metrics) => (TaskStatus::Succeeded, Some(metrics)),
-            TaskState::Failed(error) => (TaskStatus::Failed(error), None),
-            TaskState::Canceled => (TaskStatus::Canceled, None),
+        let (status, metrics, ending) = match report.state {
+            TaskState::Running => (TaskStatus::Running, None, None),
+            TaskState::Succeeded(metrics) => (
+                TaskStatus::Succeeded,
+                Some(metrics),
+                Some((TaskRecordState::Succeeded, None)),
+            ),
+            TaskState::Failed(error) => {
+                let state = if error.kind == ErrorKind::Cancelled {
+                    TaskRecordState::Cancelled
+                } else {
+                    TaskRecordState::Failed
+                };
+                let text = error.message.clone();
+                (TaskStatus::Failed(error), None, Some((state, Some(text))))
+            }
+            TaskState::Canceled => (
+                TaskStatus::Canceled,
+                None,
+                Some((TaskRecordState::Cancelled, None)),
+            ),
         };
         let outcome = self
             .scheduler
             .task_status(key.job, attempt, report.sequence, status);
-        if outcome.accepted
-            && let Some(metrics) = metrics
+        let accepted = if outcome.accepted { metrics } else { None };
+        if let Some((mut state, error)) = ending
+            && let Some(entry) = self.jobs.get_mut(&key.job)
         {
+            // A failure the scheduler did not take is that of an attempt it had already stopped
+            // or replaced (its region was retried): a consequence, not a fault of its own.
+            if !outcome.accepted && state == TaskRecordState::Failed {
+                state = TaskRecordState::Cancelled;
+            }
+            entry
+                .attempts
+                .ended(attempt, state, accepted.clone(), error);
+        }
+        if let Some(metrics) = accepted {
             self.task_succeeded(key.job, attempt, metrics);
         }
         self.perform(outcome.actions);
@@ -451,6 +485,7 @@ impl DriverActor {
         };
         self.counters.spilled_bytes += metrics.spilled_bytes;
         self.counters.shuffled_bytes += metrics.shuffled_bytes;
+        telemetry::task_work(metrics.shuffled_bytes, metrics.spilled_bytes);
         entry.metrics.insert(attempt, metrics);
         entry.succeeded.insert(attempt.task, attempt.attempt);
         let stage_id = attempt.task.stage;
@@ -516,6 +551,12 @@ impl DriverActor {
             }
         }
         self.free_slot(key);
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            let text = format!("it never started: {}", error.error.message);
+            entry
+                .attempts
+                .ended(attempt, TaskRecordState::Failed, None, Some(text));
+        }
         let actions = self.scheduler.task_not_started(job, attempt, error.error);
         self.perform(actions);
         self.place_waiting();
@@ -543,6 +584,7 @@ impl DriverActor {
             return;
         };
         self.counters.workers_lost += 1;
+        telemetry::worker_lost();
         let address = entry.registration.address;
         let mut lost: Vec<AttemptKey> = self
             .running
@@ -600,6 +642,14 @@ impl DriverActor {
                 ErrorKind::Transport,
                 format!("{worker} ({address}) was lost: {why}"),
             );
+            if let Some(entry) = self.jobs.get_mut(&key.job) {
+                entry.attempts.ended(
+                    key.task_attempt(),
+                    TaskRecordState::Lost,
+                    None,
+                    Some(error.message.clone()),
+                );
+            }
             let actions = self.scheduler.task_lost(key.job, key.task_attempt(), error);
             self.perform(actions);
         }
@@ -653,6 +703,7 @@ impl DriverActor {
                         entry.retries += 1;
                     }
                     self.counters.regions_retried += 1;
+                    telemetry::regions_retried(1);
                     let place = self.place_of(job, failed);
                     let text = error.to_string().replace('\n', " ");
                     self.notice(format!(
@@ -672,6 +723,7 @@ impl DriverActor {
                         entry.reruns += producers.len();
                     }
                     self.counters.regions_retried += producers.len();
+                    telemetry::regions_retried(producers.len());
                     let list = |regions: &[RegionId]| {
                         regions
                             .iter()
@@ -884,14 +936,24 @@ impl DriverActor {
     }
 
     fn launch(&mut self, job: JobId, tasks: &[TaskAttempt], locations: &[Location]) {
+        let addresses: Vec<String> = locations
+            .iter()
+            .map(|l| self.address_of(*l).unwrap_or_default())
+            .collect();
         let Some(entry) = self.jobs.get_mut(&job) else {
             return;
         };
-        for (attempt, location) in tasks.iter().zip(locations) {
+        for ((attempt, location), address) in tasks.iter().zip(locations).zip(addresses) {
             if attempt.attempt > 0 {
                 self.counters.tasks_retried += 1;
+                telemetry::task_retried();
             }
             entry.place(*attempt, *location);
+            let worker = match location {
+                Location::Worker(w) => Some(*w),
+                Location::Driver => None,
+            };
+            entry.attempts.placed(*attempt, worker, address);
             self.running.insert(attempt.of_job(job), *location);
             if let Location::Worker(w) = location
                 && let Some(worker) = self.workers.get_mut(w)
@@ -971,9 +1033,11 @@ impl DriverActor {
 
     /// Removes the job's streams everywhere and forgets it.
     fn clean_up(&mut self, job: JobId) {
-        if let Some(entry) = self.jobs.remove(&job) {
+        if let Some(mut entry) = self.jobs.remove(&job) {
+            entry.attempts.cancel_running();
             let mut record = entry.record;
             record.retries = entry.retries;
+            record.attempts = Arc::new(entry.attempts.into_records());
             self.history.remember(record);
         }
         let clients: Vec<Arc<dyn WorkerClient>> =

@@ -1,6 +1,6 @@
 //! [`JobRecord`]: what the driver tells about each job it ran or runs (state, who asked, when,
-//! tasks, rows, retries, error) for the REST API and system tables; [`JobHistory`] keeps the last
-//! [`HISTORY_LIMIT`] ended jobs.
+//! stages, tasks and their attempts, rows, retries, error) for the REST API, the system tables and
+//! the Prometheus metrics; [`JobHistory`] keeps the last [`HISTORY_LIMIT`] ended jobs.
 //!
 //! Invariants: a record's state changes only from `running`, once, to `succeeded`, `failed` or
 //! `cancelled`, and an ended record has its end time; the history forgets the oldest ended job
@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::JobLabel;
+use super::attempts::TaskRecord;
+use super::telemetry;
 
 /// Ended jobs the driver remembers.
 pub const HISTORY_LIMIT: usize = 1000;
@@ -53,10 +55,10 @@ pub struct JobRecord {
     pub submitted_ms: u64,
     /// When it ended, once it did.
     pub ended_ms: Option<u64>,
-    /// Stages of its job graph.
-    pub stages: usize,
-    /// Tasks of its job graph (one per stage partition).
-    pub tasks: usize,
+    /// Per stage of its job graph, its tasks (one per partition).
+    pub stage_tasks: Vec<usize>,
+    /// Its task attempts in the order they were placed (those of a running job as of the read).
+    pub attempts: Arc<Vec<TaskRecord>>,
     /// Rows its final stage wrote (once it succeeded).
     pub rows: u64,
     /// Task regions retried.
@@ -79,8 +81,7 @@ impl JobRecord {
     pub(crate) fn submitted(
         job: u64,
         label: Option<Arc<JobLabel>>,
-        stages: usize,
-        tasks: usize,
+        stage_tasks: Vec<usize>,
     ) -> Self {
         Self {
             job,
@@ -88,12 +89,22 @@ impl JobRecord {
             label,
             submitted_ms: now_ms(),
             ended_ms: None,
-            stages,
-            tasks,
+            stage_tasks,
+            attempts: Arc::default(),
             rows: 0,
             retries: 0,
             error: None,
         }
+    }
+
+    /// Stages of its job graph.
+    pub fn stages(&self) -> usize {
+        self.stage_tasks.len()
+    }
+
+    /// Tasks of its job graph (one per stage partition).
+    pub fn tasks(&self) -> usize {
+        self.stage_tasks.iter().sum()
     }
 
     /// Milliseconds from submission to its end, or to now while it runs.
@@ -103,7 +114,8 @@ impl JobRecord {
             .saturating_sub(self.submitted_ms)
     }
 
-    /// Ends a running job in `state` (an ended job keeps its first ending).
+    /// Ends a running job in `state` (an ended job keeps its first ending, counted once in the
+    /// telemetry).
     pub(crate) fn end(&mut self, state: JobState, error: Option<String>) {
         if self.state != JobState::Running {
             return;
@@ -111,6 +123,7 @@ impl JobRecord {
         self.state = state;
         self.error = error;
         self.ended_ms = Some(now_ms());
+        telemetry::job_ended(self);
     }
 }
 
@@ -143,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_record_ends_once_and_the_history_forgets_the_oldest_first() {
-        let mut record = JobRecord::submitted(1, None, 2, 5);
+        let mut record = JobRecord::submitted(1, None, vec![2, 3]);
         assert_eq!((record.state, record.ended_ms), (JobState::Running, None));
         record.end(JobState::Failed, Some("division by zero".into()));
         let ended = record.ended_ms;
@@ -158,7 +171,7 @@ mod tests {
 
         let mut history = JobHistory::default();
         for job in 0..(HISTORY_LIMIT as u64 + 2) {
-            history.remember(JobRecord::submitted(job, None, 1, 1));
+            history.remember(JobRecord::submitted(job, None, vec![1]));
         }
         let jobs: Vec<u64> = history.records().map(|r| r.job).collect();
         assert_eq!(jobs.len(), HISTORY_LIMIT);

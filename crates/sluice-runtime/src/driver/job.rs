@@ -58,6 +58,8 @@ pub(super) struct JobEntry {
     pub label: Option<Arc<super::JobLabel>>,
     /// What the REST API and system tables tell about it.
     pub record: super::JobRecord,
+    /// Its task attempts, for the same readers.
+    pub attempts: super::attempts::AttemptLog,
 }
 
 impl JobEntry {

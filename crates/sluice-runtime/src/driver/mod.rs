@@ -21,6 +21,7 @@
 //! output was read, it failed, or its caller went away.
 
 mod actor;
+mod attempts;
 mod definitions;
 mod history;
 mod job;
@@ -30,6 +31,7 @@ mod placement;
 mod progress;
 mod resume;
 mod shipping;
+pub mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +50,7 @@ use crate::definition::TaskStatusReport;
 use crate::error::sluice_error;
 use crate::transport::{RunTaskError, StatusReporter, StreamFetcher, WorkerClient};
 
+pub use attempts::{StageSummary, TaskRecord, TaskRecordState, stage_summaries};
 pub use history::{HISTORY_LIMIT, JobRecord, JobState};
 pub use label::JobLabel;
 pub use progress::{JobProgress, StageProgress, progress_line};

@@ -789,7 +789,7 @@ async fn jobs_are_recorded_with_their_end_and_a_cancel_on_request_ends_the_outpu
     let records = handle.jobs().await.unwrap();
     let summary: Vec<(u64, JobState, u64, usize, usize)> = records
         .iter()
-        .map(|r| (r.job, r.state, r.rows, r.stages, r.tasks))
+        .map(|r| (r.job, r.state, r.rows, r.stages(), r.tasks()))
         .collect();
     // Job 1's final stage: 2 tasks of 3 rows each.
     assert_eq!(
@@ -811,4 +811,76 @@ async fn jobs_are_recorded_with_their_end_and_a_cancel_on_request_ends_the_outpu
     }
     let snapshot = h.snapshot().await;
     assert_eq!((snapshot.jobs, snapshot.busy_slots.clone()), (0, vec![0]));
+    // Every attempt is recorded where it ran and how it ended: job 1's with what they reported,
+    // job 2's cancelled with it (the job left the driver before their stop reports came).
+    let records = handle.jobs().await.unwrap();
+    let attempts = |job: usize| -> Vec<(String, usize, Option<WorkerId>, &str, u64, Option<&str>)> {
+        records[job]
+            .attempts
+            .iter()
+            .map(|a| {
+                (
+                    a.attempt.task.to_string(),
+                    a.attempt.attempt,
+                    a.worker,
+                    a.state.name(),
+                    a.metrics.rows,
+                    a.error.as_deref(),
+                )
+            })
+            .collect()
+    };
+    let mut first = attempts(0);
+    first.sort();
+    assert_eq!(
+        first,
+        vec![
+            (
+                "stage 0 partition 0".to_string(),
+                0,
+                Some(w),
+                "succeeded",
+                3,
+                None
+            ),
+            (
+                "stage 0 partition 1".to_string(),
+                0,
+                Some(w),
+                "succeeded",
+                3,
+                None
+            ),
+            (
+                "stage 1 partition 0".to_string(),
+                0,
+                Some(w),
+                "succeeded",
+                3,
+                None
+            ),
+            (
+                "stage 1 partition 1".to_string(),
+                0,
+                Some(w),
+                "succeeded",
+                3,
+                None
+            ),
+        ]
+    );
+    let second = attempts(1);
+    assert_eq!(second.len(), 4, "{second:?}");
+    assert!(
+        second
+            .iter()
+            .all(|a| (a.2, a.3, a.4, a.5) == (Some(w), "cancelled", 0, None)),
+        "{second:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .flat_map(|r| r.attempts.iter())
+            .all(|a| a.ended_ms >= Some(a.started_ms))
+    );
 }

@@ -1,0 +1,71 @@
+//! Prometheus `/metrics` of `sluice server`: the process's `metrics` recorder (installed once, on
+//! the first REST endpoint) rendered in the text exposition format. The driver counts jobs, tasks,
+//! retries, lost workers, shuffled and spilled bytes as they happen (`sluice_runtime::telemetry`
+//! names every series); the gauges of the present (running jobs and tasks, workers, memory per
+//! worker) are set here from the cluster state read at each scrape.
+//!
+//! Invariants: one recorder per process (a second endpoint shares it; a process where another
+//! recorder was installed answers `/metrics` with 503 saying so); a worker gauge that no scrape
+//! set for [`GAUGE_IDLE`] is dropped, so a lost worker leaves the exposition.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::gauge;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
+use sluice_runtime::{JobRunner, JobState, telemetry};
+
+/// How long a gauge no scrape set stays in the exposition.
+pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
+
+/// The process's Prometheus recorder, installed on first use; `Err` says why there is none.
+fn handle() -> Result<&'static PrometheusHandle, &'static str> {
+    static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
+                .set_buckets_for_metric(
+                    Matcher::Full(telemetry::JOB_DURATION_SECONDS.to_string()),
+                    telemetry::JOB_DURATION_BUCKETS,
+                )
+                .and_then(|builder| builder.install_recorder())
+                .map_err(|e| format!("the Prometheus recorder could not be installed: {e}"))?;
+            telemetry::describe();
+            Ok(handle)
+        })
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+/// Installs the recorder now, so that the driver's counters count from the server's start.
+pub fn install() -> Result<(), String> {
+    handle().map(|_| ()).map_err(str::to_string)
+}
+
+/// The exposition after setting the gauges from `runner`'s cluster, or why there is none.
+pub async fn render(runner: &dyn JobRunner) -> Result<String, String> {
+    let handle = handle().map_err(str::to_string)?;
+    let jobs = match runner.driver() {
+        Some(driver) => driver.jobs().await.map_err(|e| e.to_string())?,
+        None => Vec::new(),
+    };
+    let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
+    gauge!(telemetry::JOBS_RUNNING).set(running as f64);
+    match runner.cluster_state().await.map_err(|e| e.to_string())? {
+        Some(state) => {
+            gauge!(telemetry::TASKS_RUNNING).set(state.driver.running_tasks as f64);
+            gauge!(telemetry::WORKERS).set(state.driver.workers as f64);
+            for worker in &state.workers {
+                gauge!(telemetry::WORKER_MEMORY_USED_BYTES, "worker" => worker.address.clone())
+                    .set(worker.memory_used as f64);
+            }
+        }
+        None => {
+            gauge!(telemetry::TASKS_RUNNING).set(0.0);
+            gauge!(telemetry::WORKERS).set(0.0);
+        }
+    }
+    Ok(handle.render())
+}
