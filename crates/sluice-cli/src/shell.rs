@@ -27,13 +27,25 @@ fn history_path() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".sluice_history"))
 }
 
+/// `name` as SQL names it from the default schema (`public`): bare there, qualified elsewhere
+/// (`sluice.jobs`).
+fn shown_name(schema: &str, name: &str) -> String {
+    if schema == "public" {
+        name.to_string()
+    } else {
+        format!("{schema}.{name}")
+    }
+}
+
 fn list_tables(session: &SluiceSession) {
     let ctx = session.context();
     for catalog_name in ctx.catalog_names() {
         let Some(catalog) = ctx.catalog(&catalog_name) else {
             continue;
         };
-        for schema_name in catalog.schema_names() {
+        let mut schemas = catalog.schema_names();
+        schemas.sort_by_key(|schema| (schema != "public", schema.clone()));
+        for schema_name in schemas {
             if schema_name == "information_schema" {
                 continue;
             }
@@ -49,7 +61,7 @@ fn list_tables(session: &SluiceSession) {
                         source.format.name(),
                         source.path.display()
                     ),
-                    None => println!("{name}"),
+                    None => println!("{}", shown_name(&schema_name, &name)),
                 }
             }
         }
@@ -80,17 +92,21 @@ impl Target<'_> {
         match self {
             Target::Local(session) => list_tables(session),
             Target::Remote(remote) => {
-                let sql = "select table_name from information_schema.tables \
-                           where table_schema <> 'information_schema' order by table_name";
+                let sql = "select table_schema, table_name from information_schema.tables \
+                           where table_schema <> 'information_schema' \
+                           order by table_schema <> 'public', table_schema, table_name";
                 match runtime.block_on(remote.run(sql)) {
                     Ok(output) => {
                         for batch in &output.batches {
                             for row in 0..batch.num_rows() {
-                                let name = arrow::util::display::array_value_to_string(
-                                    batch.column(0),
-                                    row,
-                                );
-                                println!("{}", name.unwrap_or_default());
+                                let cell = |column: usize| {
+                                    arrow::util::display::array_value_to_string(
+                                        batch.column(column),
+                                        row,
+                                    )
+                                    .unwrap_or_default()
+                                };
+                                println!("{}", shown_name(&cell(0), &cell(1)));
                             }
                         }
                     }
@@ -168,4 +184,15 @@ pub fn run(target: &Target<'_>, runtime: &Runtime, format: OutputFormat) -> Resu
         let _ = editor.save_history(path);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_outside_the_default_schema_are_shown_qualified() {
+        assert_eq!(shown_name("public", "lineitem"), "lineitem");
+        assert_eq!(shown_name("sluice", "tasks"), "sluice.tasks");
+    }
 }

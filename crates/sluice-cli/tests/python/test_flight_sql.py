@@ -71,14 +71,14 @@ def test_tpch_query_equals_local_mode(cluster, local, number):
 def test_tables_and_their_schemas_are_listed(cluster):
     objects = cluster.adbc_get_objects(depth="tables").read_all().to_pylist()
     tables = sorted(
-        table["table_name"]
+        (schema["db_schema_name"], table["table_name"])
         for catalog in objects
         for schema in catalog["catalog_db_schemas"] or []
         for table in schema["db_schema_tables"] or []
     )
-    assert tables == sorted(
-        ["customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier"]
-    )
+    tpch = ["customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier"]
+    system = ["jobs", "stages", "tasks", "workers"]
+    assert tables == sorted([("public", t) for t in tpch] + [("sluice", t) for t in system])
     schema = cluster.adbc_get_table_schema("nation")
     assert schema.names == ["n_nationkey", "n_name", "n_regionkey", "n_comment"]
     assert str(schema.field("n_nationkey").type) == "int64"

@@ -814,7 +814,15 @@ async fn jobs_are_recorded_with_their_end_and_a_cancel_on_request_ends_the_outpu
     // Every attempt is recorded where it ran and how it ended: job 1's with what they reported,
     // job 2's cancelled with it (the job left the driver before their stop reports came).
     let records = handle.jobs().await.unwrap();
-    let attempts = |job: usize| -> Vec<(String, usize, Option<WorkerId>, &str, u64, Option<&str>)> {
+    type Seen<'a> = (
+        String,
+        usize,
+        Option<WorkerId>,
+        &'a str,
+        u64,
+        Option<&'a str>,
+    );
+    let attempts = |job: usize| -> Vec<Seen> {
         records[job]
             .attempts
             .iter()
