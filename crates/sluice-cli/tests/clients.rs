@@ -704,7 +704,26 @@ fn assert_metrics_agree_with_the_jobs(http_address: &str) {
         String::from_utf8_lossy(&parsed.stderr)
     );
     let samples: serde_json::Value = serde_json::from_slice(&parsed.stdout).unwrap();
-    let sample = |name: &str| samples[name].as_f64().unwrap_or(0.0) as u64;
+    // A series a counter has not counted yet may be absent; one that counted must be there.
+    let sample = |name: &str| samples[name].as_f64().map(|v| v as u64);
+    let counted = |name: &str, expected: u64| {
+        assert_eq!(
+            sample(name),
+            (expected > 0 || sample(name).is_some()).then_some(expected),
+            "{name}: {samples}"
+        );
+    };
+    for family in [
+        "sluice_jobs_total counter",
+        "sluice_tasks_total counter",
+        "sluice_job_duration_seconds histogram",
+        "sluice_worker_memory_used_bytes gauge",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family}\n")),
+            "{family}: {text}"
+        );
+    }
     let (_, jobs) = http("GET", http_address, "/api/v1/jobs");
     let jobs = jobs.as_array().unwrap();
     let count = |state: &str| jobs.iter().filter(|j| j["state"] == state).count() as u64;
@@ -713,22 +732,17 @@ fn assert_metrics_agree_with_the_jobs(http_address: &str) {
         "{jobs:?}"
     );
     for state in ["succeeded", "failed", "cancelled"] {
-        assert_eq!(
-            sample(&format!("sluice_jobs_total{{state={state}}}")),
-            count(state),
-            "{state}: {samples}"
-        );
+        counted(&format!("sluice_jobs_total{{state={state}}}"), count(state));
     }
     let rows: u64 = jobs
         .iter()
         .filter(|j| j["state"] == "succeeded")
         .map(|j| j["rows"].as_u64().unwrap())
         .sum();
-    assert_eq!(sample("sluice_rows_returned_total{}"), rows, "{samples}");
-    assert_eq!(
-        sample("sluice_job_duration_seconds_count{state=succeeded}"),
+    counted("sluice_rows_returned_total{}", rows);
+    counted(
+        "sluice_job_duration_seconds_count{state=succeeded}",
         count("succeeded"),
-        "{samples}"
     );
     let attempts: Vec<serde_json::Value> = jobs
         .iter()
@@ -739,15 +753,11 @@ fn assert_metrics_agree_with_the_jobs(http_address: &str) {
         .collect();
     for state in ["succeeded", "failed", "cancelled", "lost"] {
         let ended = attempts.iter().filter(|a| a["state"] == state).count() as u64;
-        assert_eq!(
-            sample(&format!("sluice_tasks_total{{state={state}}}")),
-            ended,
-            "{state}: {samples}"
-        );
+        counted(&format!("sluice_tasks_total{{state={state}}}"), ended);
     }
-    assert_eq!(sample("sluice_workers{}"), 2, "{samples}");
-    assert_eq!(sample("sluice_jobs_running{}"), 0, "{samples}");
-    assert_eq!(sample("sluice_tasks_running{}"), 0, "{samples}");
+    assert_eq!(sample("sluice_workers{}"), Some(2), "{samples}");
+    assert_eq!(sample("sluice_jobs_running{}"), Some(0), "{samples}");
+    assert_eq!(sample("sluice_tasks_running{}"), Some(0), "{samples}");
     let memory_series = samples
         .as_object()
         .unwrap()
@@ -758,4 +768,42 @@ fn assert_metrics_agree_with_the_jobs(http_address: &str) {
         memory_series, 3,
         "the two workers and the driver's executor: {samples}"
     );
+}
+
+#[test]
+fn the_web_ui_shows_q5s_stages_and_tasks_and_its_cancel_button_stops_a_long_query() {
+    let python = python();
+    let chromium = std::env::var("SLUICE_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium}: Debian's chromium is needed for the web UI test (.ci/run installs it)"
+    );
+    let server = Server::start(&["--workers", "2"], tpch_dir());
+    // CI keeps what is under the target directory: the screenshots are its artifacts.
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .join("ui-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    let output = Command::new(&python)
+        .arg(Path::new(PYTHON_DIR).join("ui_check.py"))
+        .env("SLUICE_HTTP", &server.http)
+        .env("SLUICE_FLIGHT_SQL", &server.url)
+        .env("SLUICE_TPCH_QUERIES", query_files())
+        .env("SLUICE_SCREENSHOTS", &shots)
+        .env("SLUICE_CHROMIUM", &chromium)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout.trim_end(), "ui ok");
+    for shot in ["jobs.png", "job.png"] {
+        let size = std::fs::metadata(shots.join(shot)).unwrap().len();
+        assert!(size > 10_000, "{shot}: {size} bytes");
+    }
+    server.stop();
 }

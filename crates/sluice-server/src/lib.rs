@@ -34,6 +34,7 @@ pub mod service;
 pub mod sessions;
 pub mod status;
 pub mod tls;
+pub mod ui;
 pub mod users;
 
 pub use client::{RemoteOutput, RemoteSession};

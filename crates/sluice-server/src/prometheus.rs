@@ -16,6 +16,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use sluice_runtime::{JobRunner, JobState, telemetry};
 
+/// How often histogram samples are folded into their buckets between scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// How long a gauge no scrape set stays in the exposition.
 pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
 
@@ -33,6 +36,18 @@ fn handle() -> Result<&'static PrometheusHandle, &'static str> {
                 .and_then(|builder| builder.install_recorder())
                 .map_err(|e| format!("the Prometheus recorder could not be installed: {e}"))?;
             telemetry::describe();
+            // Histogram samples are folded into their buckets at a scrape or an upkeep; without
+            // scrapes they would pile up, so a thread of the process folds them every few seconds.
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("sluice-metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_EVERY);
+                        upkeep.run_upkeep();
+                    }
+                })
+                .map_err(|e| format!("the metrics upkeep thread could not start: {e}"))?;
             Ok(handle)
         })
         .as_ref()

@@ -3,19 +3,22 @@
 //!
 //! ```text
 //!  GET  /api/v1/jobs               [job, …] by id: running ones and the last ended ones
-//!  GET  /api/v1/jobs/{id}          job + "stage_details" (per stage: tasks, attempts, succeeded,
+//!  GET  /api/v1/jobs/{id}          job + "graph" (per stage: tasks, root operator, inputs with
+//!                                  their mode) + "stage_details" (per stage: tasks, attempts, succeeded,
 //!                                  running, rows, bytes, task time and rows: median and max) +
 //!                                  "attempts" (every task attempt: where, when, state, metrics)
 //!                                  + "progress" (per stage: total, running, done, rows) while it runs
 //!  POST /api/v1/jobs/{id}/cancel   {"cancelled": true} · 404 unknown job · 409 not running
 //!  GET  /api/v1/workers            [{address, running_tasks, live_attempts, stream_outputs, memory_used}, …]
 //!  GET  /metrics                   Prometheus text format (`crate::prometheus`)
+//!  GET  /                          the web UI (`crate::ui`)
 //! ```
 //!
 //! A job: `id`, `state` (`running` / `succeeded` / `failed` / `cancelled`), `sql`, `user`, `tag` (the
 //! front door's name for the statement; all three `null` for jobs not submitted through a front
-//! door), `submitted_ms` / `ended_ms` (Unix epoch ms), `elapsed_ms`, `stages`, `tasks`, `rows` (the
-//! final stage's, once succeeded), `retries`, `error`.
+//! door), `submitted_ms` / `ended_ms` (Unix epoch ms), `elapsed_ms`, `stages`, `tasks`,
+//! `tasks_done` (tasks that succeeded), `rows` (the final stage's, once succeeded), `retries`,
+//! `error`.
 //!
 //! Invariants: read-only except cancel; a cancel ends the job's result stream with `Cancelled`
 //! (the client sees why) and stops its tasks on every worker; the API has no login, so it listens
@@ -65,6 +68,7 @@ impl RestEndpoint {
             .route("/api/v1/jobs/{id}/cancel", post(cancel))
             .route("/api/v1/workers", get(workers))
             .route("/metrics", get(metrics))
+            .merge(crate::ui::routes())
             .with_state(sessions);
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = SpawnedTask::spawn(async move {
@@ -122,6 +126,10 @@ pub fn job_json(job: &JobRecord) -> Value {
         "rows": job.rows,
         "retries": job.retries,
         "error": job.error,
+        "tasks_done": stage_summaries(&job.stage_tasks, &job.attempts)
+            .iter()
+            .map(|s| s.succeeded)
+            .sum::<usize>(),
     })
 }
 
@@ -198,6 +206,20 @@ async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Repl
         .map(|(stage, s)| stage_json(stage, s))
         .collect();
     body["attempts"] = record.attempts.iter().map(attempt_json).collect();
+    body["graph"] = record
+        .stage_tasks
+        .iter()
+        .zip(&record.stage_inputs)
+        .zip(&record.stage_roots)
+        .enumerate()
+        .map(|(stage, ((tasks, inputs), root))| {
+            let inputs: Vec<Value> = inputs
+                .iter()
+                .map(|(input, mode)| json!({"stage": input, "mode": mode}))
+                .collect();
+            json!({"stage": stage, "tasks": tasks, "root": root, "inputs": inputs})
+        })
+        .collect();
     let progress = match driver(&sessions) {
         Some(driver) => driver.progress().await.unwrap_or_default(),
         None => Vec::new(),

@@ -366,13 +366,8 @@ impl DriverActor {
         };
         let analyze = is_analyze(&graph);
         let label = super::JobLabel::of(&context);
-        let stage_tasks = graph
-            .stages()
-            .iter()
-            .map(|stage| stage.partitions())
-            .collect();
         let (job, actions) = self.scheduler.accept_job(graph.clone());
-        let record = JobRecord::submitted(job.0, label.clone(), stage_tasks);
+        let record = JobRecord::of_graph(job.0, label.clone(), &graph);
         self.jobs.insert(
             job,
             JobEntry {
@@ -444,7 +439,10 @@ impl DriverActor {
             TaskState::Canceled => (
                 TaskStatus::Canceled,
                 None,
-                Some((TaskRecordState::Cancelled, None)),
+                Some((
+                    TaskRecordState::Cancelled,
+                    Some("its worker gave it up".to_string()),
+                )),
             ),
         };
         let outcome = self
@@ -454,10 +452,14 @@ impl DriverActor {
         if let Some((mut state, error)) = ending
             && let Some(entry) = self.jobs.get_mut(&key.job)
         {
-            // A failure the scheduler did not take is that of an attempt it had already stopped
-            // or replaced (its region was retried): a consequence, not a fault of its own.
-            if !outcome.accepted && state == TaskRecordState::Failed {
+            // A report the scheduler did not take is that of an attempt it had already stopped or
+            // replaced (its region was retried): whatever it says, its work was not used. One it
+            // took that says the attempt was given up is a failure of the attempt (the scheduler
+            // retries or fails for it).
+            if !outcome.accepted {
                 state = TaskRecordState::Cancelled;
+            } else if state == TaskRecordState::Cancelled {
+                state = TaskRecordState::Failed;
             }
             entry
                 .attempts

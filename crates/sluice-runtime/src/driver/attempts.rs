@@ -3,8 +3,8 @@
 //! in the order the attempts were placed.
 //!
 //! ```text
-//!  launch ─► running ─┬─ final report ─► succeeded (metrics if accepted) / failed / cancelled
-//!                     │                   (a failure the scheduler did not accept: cancelled)
+//!  launch ─► running ─┬─ accepted final report ─► succeeded (with its metrics) / failed
+//!                     ├─ a report not accepted (a replaced or stopped attempt) ─► cancelled
 //!                     ├─ RunTask refused or unanswered ─► failed (never started)
 //!                     ├─ its worker lost ─► lost
 //!                     └─ job ended with it still running ─► cancelled

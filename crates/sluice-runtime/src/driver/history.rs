@@ -57,6 +57,10 @@ pub struct JobRecord {
     pub ended_ms: Option<u64>,
     /// Per stage of its job graph, its tasks (one per partition).
     pub stage_tasks: Vec<usize>,
+    /// Per stage, the stages it reads and how (`InputMode` names): the job graph's edges.
+    pub stage_inputs: Vec<Vec<(usize, &'static str)>>,
+    /// Per stage, the name of its plan's root operator.
+    pub stage_roots: Vec<String>,
     /// Its task attempts in the order they were placed (those of a running job as of the read).
     pub attempts: Arc<Vec<TaskRecord>>,
     /// Rows its final stage wrote (once it succeeded).
@@ -84,6 +88,8 @@ impl JobRecord {
         stage_tasks: Vec<usize>,
     ) -> Self {
         Self {
+            stage_inputs: vec![Vec::new(); stage_tasks.len()],
+            stage_roots: vec![String::new(); stage_tasks.len()],
             job,
             state: JobState::Running,
             label,
@@ -95,6 +101,28 @@ impl JobRecord {
             retries: 0,
             error: None,
         }
+    }
+
+    /// A job of `graph` submitted now.
+    pub(crate) fn of_graph(
+        job: u64,
+        label: Option<Arc<JobLabel>>,
+        graph: &sluice_planner::JobGraph,
+    ) -> Self {
+        let stages = graph.stages();
+        let tasks = stages.iter().map(|s| s.partitions()).collect();
+        let mut record = Self::submitted(job, label, tasks);
+        record.stage_inputs = stages
+            .iter()
+            .map(|s| {
+                s.inputs
+                    .iter()
+                    .map(|i| (i.stage.0, i.mode.name()))
+                    .collect()
+            })
+            .collect();
+        record.stage_roots = stages.iter().map(|s| s.plan.name().to_string()).collect();
+        record
     }
 
     /// Stages of its job graph.
