@@ -779,11 +779,9 @@ fn the_web_ui_shows_q5s_stages_and_tasks_and_its_cancel_button_stops_a_long_quer
         "{chromium}: Debian's chromium is needed for the web UI test (.ci/run installs it)"
     );
     let server = Server::start(&["--workers", "2"], tpch_dir());
-    // CI keeps what is under the target directory: the screenshots are its artifacts.
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .unwrap()
-        .join("ui-screenshots");
+    // The workspace's target/ui-screenshots (also when CARGO_TARGET_DIR points elsewhere): CI's
+    // artifacts.
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ui-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     let output = Command::new(&python)
         .arg(Path::new(PYTHON_DIR).join("ui_check.py"))
