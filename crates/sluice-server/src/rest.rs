@@ -10,6 +10,9 @@
 //!                                  + "progress" (per stage: total, running, done, rows) while it runs
 //!  POST /api/v1/jobs/{id}/cancel   {"cancelled": true} · 404 unknown job · 409 not running
 //!  GET  /api/v1/workers            [{address, running_tasks, live_attempts, stream_outputs, memory_used}, …]
+//!  GET  /api/v1/events             Server-Sent Events: `event: job`, `data:` a job as in the list,
+//!                                  for every job on connect, then each time one changes (state,
+//!                                  tasks done, rows, retries), checked every EVENTS_EVERY
 //!  GET  /metrics                   Prometheus text format (`crate::prometheus`)
 //!  GET  /                          the web UI (`crate::ui`)
 //! ```
@@ -45,6 +48,9 @@ use crate::sessions::Sessions;
 /// Where the REST API listens unless told otherwise.
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
 
+/// How often `/api/v1/events` looks for changed jobs.
+pub const EVENTS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A running REST endpoint.
 #[derive(Debug)]
 pub struct RestEndpoint {
@@ -67,6 +73,7 @@ impl RestEndpoint {
             .route("/api/v1/jobs/{id}", get(job))
             .route("/api/v1/jobs/{id}/cancel", post(cancel))
             .route("/api/v1/workers", get(workers))
+            .route("/api/v1/events", get(events))
             .route("/metrics", get(metrics))
             .merge(crate::ui::routes())
             .with_state(sessions);
@@ -276,4 +283,50 @@ async fn metrics(State(sessions): State<Arc<Sessions>>) -> axum::response::Respo
             .into_response(),
         Err(message) => failure(StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
     }
+}
+
+/// What makes a job worth a new event: it ended, a task finished, rows arrived, a region retried.
+fn fingerprint(job: &Value) -> String {
+    format!(
+        "{}/{}/{}/{}",
+        job["state"], job["tasks_done"], job["rows"], job["retries"]
+    )
+}
+
+/// `/api/v1/events`: every job once, then each job again whenever its fingerprint changes. The
+/// stream lives as long as the client's connection (axum drops it when the client goes away).
+async fn events(
+    State(sessions): State<Arc<Sessions>>,
+) -> axum::response::sse::Sse<
+    impl futures::Stream<
+        Item = std::result::Result<axum::response::sse::Event, std::convert::Infallible>,
+    >,
+> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use futures::StreamExt;
+    let seen: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
+    let changes = futures::stream::unfold(
+        (sessions, seen, true),
+        |(sessions, mut seen, first)| async move {
+            if !first {
+                tokio::time::sleep(EVENTS_EVERY).await;
+            }
+            let jobs = records(&sessions).await.unwrap_or_default();
+            seen.retain(|id, _| jobs.iter().any(|job| job.job == *id));
+            let changed: Vec<Event> = jobs
+                .iter()
+                .map(job_json)
+                .filter(|job| {
+                    let id = job["id"].as_u64().unwrap_or_default();
+                    let print = fingerprint(job);
+                    seen.insert(id, print.clone()).as_ref() != Some(&print)
+                })
+                .map(|job| Event::default().event("job").data(job.to_string()))
+                .collect();
+            Some((futures::stream::iter(changed), (sessions, seen, false)))
+        },
+    )
+    .flatten()
+    .map(Ok);
+    Sse::new(changes).keep_alive(KeepAlive::default())
 }

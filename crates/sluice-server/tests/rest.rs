@@ -1,7 +1,8 @@
 //! The REST API's JSON shapes, pinned: a job run through the driver (local-graph) as
 //! `/api/v1/jobs` and `/api/v1/jobs/{id}` show it, with what varies from run to run (times,
 //! addresses, byte counts) redacted, against `tests/golden/rest_*.json` (`SLUICE_BLESS=1` rewrites
-//! them). A field added, renamed, retyped or dropped fails here first.
+//! them). A field added, renamed, retyped or dropped fails here first. `/api/v1/events` streams the
+//! job's changes to a client subscribed before it ran.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -9,7 +10,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sluice_engine::catalog::table_at;
 use sluice_engine::{SluiceConfig, SluiceSession};
 use sluice_server::rest::RestEndpoint;
@@ -56,6 +57,40 @@ fn get(address: &str, path: &str) -> Value {
     serde_json::from_str(body).unwrap()
 }
 
+/// The `job` events of `/api/v1/events` about job `id`, read until one says it succeeded (10 s at
+/// most).
+fn job_events_until_succeeded(address: &str, id: u64) -> Vec<Value> {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let mut events = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut reader, &mut line)
+            .unwrap_or_else(|e| panic!("no event said job {id} succeeded: {e}; {events:?}"));
+        assert!(read > 0, "the event stream ended: {events:?}");
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
+        let job: Value = serde_json::from_str(data).unwrap();
+        if job["id"] == id {
+            let done = job["state"] == "succeeded";
+            events.push(job);
+            if done {
+                return events;
+            }
+        }
+    }
+}
+
 fn assert_golden(name: &str, mut value: Value) {
     redact(&mut value);
     let text = serde_json::to_string_pretty(&value).unwrap() + "\n";
@@ -86,6 +121,10 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
     let rest = RestEndpoint::start(sessions.clone(), "127.0.0.1:0")
         .await
         .unwrap();
+    // Subscribed before the query runs: its events arrive as it changes.
+    let address = rest.address().to_string();
+    let events = std::thread::spawn(move || job_events_until_succeeded(&address, 2));
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let outputs = sessions
         .base()
         .run_sql("select b, count(*) as n from t group by b order by b")
@@ -102,6 +141,16 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
     })
     .await
     .unwrap();
+    let events = events.join().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(
+        (&last["state"], &last["rows"], &last["tasks_done"]),
+        (&json!("succeeded"), &json!(3), &json!(6)),
+        "{events:?}"
+    );
+    for pair in events.windows(2) {
+        assert_ne!(pair[0], pair[1], "an event repeats what the last said");
+    }
     assert_golden("rest_jobs.json", jobs);
     assert_golden("rest_job.json", job);
     rest.stop().await;
