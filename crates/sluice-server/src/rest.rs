@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 use sluice_engine::Result;
 use sluice_planner::JobId;
 use sluice_runtime::{DriverHandle, JobRecord, StageSummary, TaskRecord, stage_summaries};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 use crate::service::workers_json;
 use crate::sessions::Sessions;
@@ -55,11 +55,25 @@ pub const EVENTS_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 #[derive(Debug)]
 pub struct RestEndpoint {
     address: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: watch::Sender<bool>,
     serving: Option<SpawnedTask<std::io::Result<()>>>,
 }
 
 type Reply = (StatusCode, Json<Value>);
+
+/// What the handlers share: the sessions (whose base session's runner is the driver), and whether
+/// the endpoint is stopping (event streams end then, so a stop never waits on a subscriber).
+#[derive(Clone)]
+struct RestState {
+    sessions: Arc<Sessions>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl axum::extract::FromRef<RestState> for Arc<Sessions> {
+    fn from_ref(state: &RestState) -> Self {
+        Arc::clone(&state.sessions)
+    }
+}
 
 impl RestEndpoint {
     /// Serves `sessions`' driver on `listen` (a loopback address).
@@ -75,19 +89,20 @@ impl RestEndpoint {
             .route("/api/v1/workers", get(workers))
             .route("/api/v1/events", get(events))
             .route("/metrics", get(metrics))
-            .merge(crate::ui::routes())
-            .with_state(sessions);
-        let (stop, stopped) = oneshot::channel::<()>();
+            .merge(crate::ui::routes());
+        let (stop, stopping) = watch::channel(false);
+        let app = app.with_state(RestState {
+            sessions,
+            stopping: stopping.clone(),
+        });
         let serving = SpawnedTask::spawn(async move {
             axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
+                .with_graceful_shutdown(stopped(stopping))
                 .await
         });
         Ok(Self {
             address,
-            stop: Some(stop),
+            stop,
             serving: Some(serving),
         })
     }
@@ -99,9 +114,7 @@ impl RestEndpoint {
 
     /// Stops accepting requests and lets those in flight end.
     pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        let _ = self.stop.send(true);
         if let Some(serving) = self.serving.take() {
             let _ = serving.join().await;
         }
@@ -295,8 +308,13 @@ fn fingerprint(job: &Value) -> String {
 
 /// `/api/v1/events`: every job once, then each job again whenever its fingerprint changes. The
 /// stream lives as long as the client's connection (axum drops it when the client goes away).
+/// Resolves once the endpoint is stopping (or gone).
+async fn stopped(mut stopping: watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stopping| *stopping).await;
+}
+
 async fn events(
-    State(sessions): State<Arc<Sessions>>,
+    State(RestState { sessions, stopping }): State<RestState>,
 ) -> axum::response::sse::Sse<
     impl futures::Stream<
         Item = std::result::Result<axum::response::sse::Event, std::convert::Infallible>,
@@ -327,6 +345,7 @@ async fn events(
         },
     )
     .flatten()
+    .take_until(stopped(stopping))
     .map(Ok);
     Sse::new(changes).keep_alive(KeepAlive::default())
 }

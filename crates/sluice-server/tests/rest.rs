@@ -153,5 +153,29 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
     }
     assert_golden("rest_jobs.json", jobs);
     assert_golden("rest_job.json", job);
-    rest.stop().await;
+
+    // A subscriber still connected does not hold up the stop: its event stream ends.
+    let address = rest.address().to_string();
+    let subscriber = std::thread::spawn(move || {
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).map(|_| text)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    tokio::time::timeout(std::time::Duration::from_secs(5), rest.stop())
+        .await
+        .expect("the stop waited for an event subscriber");
+    let text = subscriber
+        .join()
+        .unwrap()
+        .expect("the event stream never ended");
+    assert_eq!(text.matches("event: job").count(), 2, "{text}");
 }
