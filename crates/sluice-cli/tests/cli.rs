@@ -148,6 +148,59 @@ fn tpch_gen_then_run_at_sf_001() {
 }
 
 #[test]
+fn tpch_run_json_counts_each_querys_task_attempts_in_a_distributed_mode() {
+    let dir = tpch_dir();
+    let json = tempfile::NamedTempFile::new().unwrap();
+    let output = run(&[
+        "--mode",
+        "local-graph",
+        "tpch",
+        "run",
+        "--data",
+        dir.to_str().unwrap(),
+        "-q",
+        "3",
+        "--iterations",
+        "2",
+        "--json",
+        json.path().to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json.path()).unwrap()).unwrap();
+    let q3 = &report["queries"][0];
+    // The same query's job graph, as EXPLAIN DISTRIBUTED shows it: one task per stage partition.
+    let queries = tempfile::tempdir().unwrap();
+    common::tpch_into("queries", "0.01", queries.path());
+    let sql = std::fs::read_to_string(queries.path().join("q03.sql")).unwrap();
+    let explained = run(&[
+        "--mode",
+        "local-graph",
+        "explain",
+        "--format",
+        "json",
+        "--data",
+        dir.to_str().unwrap(),
+        &sql,
+    ]);
+    assert!(explained.status.success(), "{}", stderr(&explained));
+    let graph: serde_json::Value = serde_json::from_str(&stdout(&explained)).unwrap();
+    let tasks: u64 = graph["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|stage| stage["partitions"].as_u64().unwrap())
+        .sum();
+    assert!(tasks > 1, "{graph}");
+    assert_eq!(
+        q3["tasks"],
+        2 * tasks,
+        "two iterations without retries: {q3}"
+    );
+    assert_eq!(q3["tasks_retried"], 0, "{q3}");
+}
+
+#[test]
 fn tpch_gen_skips_finished_tables_and_guards_the_scale() {
     let dir = tpch_dir();
     let again = run(&[

@@ -96,6 +96,8 @@ pub struct QueryReport {
     pub regions_retried: usize,
     /// Task attempts started again while it ran.
     pub tasks_retried: usize,
+    /// Task attempts run for it, retries included (every iteration; 0 in local mode).
+    pub tasks: usize,
     /// Bytes spilled to disk, summed over the job's tasks (every iteration; 0 in local mode,
     /// which has no driver to count them).
     pub spilled_bytes: u64,
@@ -229,6 +231,7 @@ async fn run_one(
         workers_lost: 0,
         regions_retried: 0,
         tasks_retried: 0,
+        tasks: 0,
         spilled_bytes: 0,
         shuffled_bytes: 0,
     };
@@ -245,6 +248,7 @@ async fn run_one(
     report.workers_lost = counters.workers_lost;
     report.regions_retried = counters.regions_retried;
     report.tasks_retried = counters.tasks_retried;
+    report.tasks = counters.tasks_started;
     report.spilled_bytes = counters.spilled_bytes;
     report.shuffled_bytes = counters.shuffled_bytes;
     let Some(last) = outcome else {

@@ -946,6 +946,7 @@ impl DriverActor {
             return;
         };
         for ((attempt, location), address) in tasks.iter().zip(locations).zip(addresses) {
+            self.counters.tasks_started += 1;
             if attempt.attempt > 0 {
                 self.counters.tasks_retried += 1;
                 telemetry::task_retried();

@@ -140,6 +140,8 @@ pub struct DriverCounters {
     pub regions_retried: usize,
     /// Task attempts started again (every task of each region above).
     pub tasks_retried: usize,
+    /// Task attempts placed (first attempts and retries).
+    pub tasks_started: usize,
     /// Bytes spilled to disk by the attempts whose output was used.
     pub spilled_bytes: u64,
     /// Bytes written to shuffle channels by the attempts whose output was used.
@@ -153,6 +155,7 @@ impl DriverCounters {
             workers_lost: self.workers_lost.saturating_sub(earlier.workers_lost),
             regions_retried: self.regions_retried.saturating_sub(earlier.regions_retried),
             tasks_retried: self.tasks_retried.saturating_sub(earlier.tasks_retried),
+            tasks_started: self.tasks_started.saturating_sub(earlier.tasks_started),
             spilled_bytes: self.spilled_bytes.saturating_sub(earlier.spilled_bytes),
             shuffled_bytes: self.shuffled_bytes.saturating_sub(earlier.shuffled_bytes),
         }
