@@ -57,9 +57,8 @@ fn get(address: &str, path: &str) -> Value {
     serde_json::from_str(body).unwrap()
 }
 
-/// The `job` events of `/api/v1/events` about job `id`, read until one says it succeeded (10 s at
-/// most).
-fn job_events_until_succeeded(address: &str, id: u64) -> Vec<Value> {
+/// A connection subscribed to `/api/v1/events`, its reads waiting 10 s at most.
+fn subscribe(address: &str) -> std::net::TcpStream {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(10)))
@@ -69,7 +68,13 @@ fn job_events_until_succeeded(address: &str, id: u64) -> Vec<Value> {
         "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
-    let mut reader = std::io::BufReader::new(stream);
+    stream
+}
+
+/// The `job` events of `/api/v1/events` about job `id`, read until one says it succeeded (10 s at
+/// most).
+fn job_events_until_succeeded(address: &str, id: u64) -> Vec<Value> {
+    let mut reader = std::io::BufReader::new(subscribe(address));
     let mut events = Vec::new();
     let mut line = String::new();
     loop {
@@ -157,17 +162,8 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
     // A subscriber still connected does not hold up the stop: its event stream ends.
     let address = rest.address().to_string();
     let subscriber = std::thread::spawn(move || {
-        let mut stream = std::net::TcpStream::connect(&address).unwrap();
-        stream
-            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
-        write!(
-            stream,
-            "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
         let mut text = String::new();
-        stream.read_to_string(&mut text).map(|_| text)
+        subscribe(&address).read_to_string(&mut text).map(|_| text)
     });
     std::thread::sleep(std::time::Duration::from_millis(300));
     tokio::time::timeout(std::time::Duration::from_secs(5), rest.stop())
