@@ -1,8 +1,8 @@
 //! Prometheus `/metrics` of `sluice server`: the process's `metrics` recorder (installed once, on
-//! the first REST endpoint) rendered in the text exposition format. The driver counts jobs, tasks,
-//! retries, lost workers, shuffled and spilled bytes as they happen (`sluice_runtime::telemetry`
-//! names every series); the gauges of the present (running jobs and tasks, workers, memory per
-//! worker) are set here from the cluster state read at each scrape.
+//! the first REST endpoint) rendered in the text exposition format. The driver counts jobs and tasks
+//! as they end (`sluice_runtime::telemetry` names every series); its own `DriverCounters` (retries,
+//! lost workers, shuffled and spilled bytes) and the gauges of the present (running jobs and tasks,
+//! workers, memory per worker) are set here from the cluster state read at each scrape.
 //!
 //! Invariants: one recorder per process (a second endpoint shares it; a process where another
 //! recorder was installed answers `/metrics` with 503 saying so); a worker gauge that no scrape
@@ -11,10 +11,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::gauge;
+use metrics::{counter, gauge};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
-use sluice_runtime::{JobRunner, JobState, telemetry};
+use sluice_runtime::{JobRunner, telemetry};
 
 /// How often histogram samples are folded into their buckets between scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -59,28 +59,24 @@ pub fn install() -> Result<(), String> {
     handle().map(|_| ()).map_err(str::to_string)
 }
 
-/// The exposition after setting the gauges from `runner`'s cluster, or why there is none.
+/// The exposition after setting the driver's counters and the gauges from `runner`'s cluster, or
+/// why there is none.
 pub async fn render(runner: &dyn JobRunner) -> Result<String, String> {
     let handle = handle().map_err(str::to_string)?;
-    let jobs = match runner.driver() {
-        Some(driver) => driver.jobs().await.map_err(|e| e.to_string())?,
-        None => Vec::new(),
-    };
-    let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
-    gauge!(telemetry::JOBS_RUNNING).set(running as f64);
-    match runner.cluster_state().await.map_err(|e| e.to_string())? {
-        Some(state) => {
-            gauge!(telemetry::TASKS_RUNNING).set(state.driver.running_tasks as f64);
-            gauge!(telemetry::WORKERS).set(state.driver.workers as f64);
-            for worker in &state.workers {
-                gauge!(telemetry::WORKER_MEMORY_USED_BYTES, "worker" => worker.address.clone())
-                    .set(worker.memory_used as f64);
-            }
-        }
-        None => {
-            gauge!(telemetry::TASKS_RUNNING).set(0.0);
-            gauge!(telemetry::WORKERS).set(0.0);
-        }
+    let state = runner.cluster_state().await.map_err(|e| e.to_string())?;
+    let driver = state.as_ref().map(|s| s.driver.clone()).unwrap_or_default();
+    let counters = driver.counters;
+    counter!(telemetry::REGIONS_RETRIED_TOTAL).absolute(counters.regions_retried as u64);
+    counter!(telemetry::TASKS_RETRIED_TOTAL).absolute(counters.tasks_retried as u64);
+    counter!(telemetry::WORKERS_LOST_TOTAL).absolute(counters.workers_lost as u64);
+    counter!(telemetry::SHUFFLE_BYTES_TOTAL).absolute(counters.shuffled_bytes);
+    counter!(telemetry::SPILL_BYTES_TOTAL).absolute(counters.spilled_bytes);
+    gauge!(telemetry::JOBS_RUNNING).set(driver.scheduler_jobs as f64);
+    gauge!(telemetry::TASKS_RUNNING).set(driver.running_tasks as f64);
+    gauge!(telemetry::WORKERS).set(driver.workers as f64);
+    for worker in state.iter().flat_map(|s| &s.workers) {
+        gauge!(telemetry::WORKER_MEMORY_USED_BYTES, "worker" => worker.address.clone())
+            .set(worker.memory_used as f64);
     }
     Ok(handle.render())
 }

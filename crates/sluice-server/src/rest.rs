@@ -146,10 +146,7 @@ pub fn job_json(job: &JobRecord) -> Value {
         "rows": job.rows,
         "retries": job.retries,
         "error": job.error,
-        "tasks_done": stage_summaries(&job.stage_tasks, &job.attempts)
-            .iter()
-            .map(|s| s.succeeded)
-            .sum::<usize>(),
+        "tasks_done": job.tasks_done,
     })
 }
 
@@ -299,20 +296,20 @@ async fn metrics(State(sessions): State<Arc<Sessions>>) -> axum::response::Respo
 }
 
 /// What makes a job worth a new event: it ended, a task finished, rows arrived, a region retried.
-fn fingerprint(job: &Value) -> String {
-    format!(
-        "{}/{}/{}/{}",
-        job["state"], job["tasks_done"], job["rows"], job["retries"]
-    )
+type Fingerprint = (&'static str, usize, u64, usize);
+
+fn fingerprint(job: &JobRecord) -> Fingerprint {
+    (job.state.name(), job.tasks_done, job.rows, job.retries)
 }
 
-/// `/api/v1/events`: every job once, then each job again whenever its fingerprint changes. The
-/// stream lives as long as the client's connection (axum drops it when the client goes away).
 /// Resolves once the endpoint is stopping (or gone).
 async fn stopped(mut stopping: watch::Receiver<bool>) {
     let _ = stopping.wait_for(|stopping| *stopping).await;
 }
 
+/// `/api/v1/events`: every job once, then each job again whenever its fingerprint changes. The
+/// stream lives as long as the client's connection (axum drops it when the client goes away) or
+/// until the endpoint stops.
 async fn events(
     State(RestState { sessions, stopping }): State<RestState>,
 ) -> axum::response::sse::Sse<
@@ -322,7 +319,7 @@ async fn events(
 > {
     use axum::response::sse::{Event, KeepAlive, Sse};
     use futures::StreamExt;
-    let seen: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
+    let seen: std::collections::HashMap<u64, Fingerprint> = std::collections::HashMap::new();
     let changes = futures::stream::unfold(
         (sessions, seen, true),
         |(sessions, mut seen, first)| async move {
@@ -333,13 +330,15 @@ async fn events(
             seen.retain(|id, _| jobs.iter().any(|job| job.job == *id));
             let changed: Vec<Event> = jobs
                 .iter()
-                .map(job_json)
                 .filter(|job| {
-                    let id = job["id"].as_u64().unwrap_or_default();
                     let print = fingerprint(job);
-                    seen.insert(id, print.clone()).as_ref() != Some(&print)
+                    seen.insert(job.job, print) != Some(print)
                 })
-                .map(|job| Event::default().event("job").data(job.to_string()))
+                .map(|job| {
+                    Event::default()
+                        .event("job")
+                        .data(job_json(job).to_string())
+                })
                 .collect();
             Some((futures::stream::iter(changed), (sessions, seen, false)))
         },

@@ -31,7 +31,6 @@ use super::job::{JobEntry, JobPhase};
 use super::output::{FinishedJob, OutputCommand};
 use super::placement::{Location, Placement, PlacementView, Slots, next_region, place};
 use super::shipping::ship_stages;
-use super::telemetry;
 use super::{
     DriverCounters, DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress,
     JobRecord, JobState, Liveness, StageProgress, Submission, WorkerRegistration,
@@ -322,6 +321,7 @@ impl DriverActor {
         records.extend(self.jobs.values().map(|entry| {
             let mut record = entry.record.clone();
             record.retries = entry.retries;
+            record.tasks_done = entry.succeeded.len();
             record.attempts = Arc::new(entry.attempts.records().to_vec());
             record
         }));
@@ -487,7 +487,6 @@ impl DriverActor {
         };
         self.counters.spilled_bytes += metrics.spilled_bytes;
         self.counters.shuffled_bytes += metrics.shuffled_bytes;
-        telemetry::task_work(metrics.shuffled_bytes, metrics.spilled_bytes);
         entry.metrics.insert(attempt, metrics);
         entry.succeeded.insert(attempt.task, attempt.attempt);
         let stage_id = attempt.task.stage;
@@ -586,7 +585,6 @@ impl DriverActor {
             return;
         };
         self.counters.workers_lost += 1;
-        telemetry::worker_lost();
         let address = entry.registration.address;
         let mut lost: Vec<AttemptKey> = self
             .running
@@ -705,7 +703,6 @@ impl DriverActor {
                         entry.retries += 1;
                     }
                     self.counters.regions_retried += 1;
-                    telemetry::regions_retried(1);
                     let place = self.place_of(job, failed);
                     let text = error.to_string().replace('\n', " ");
                     self.notice(format!(
@@ -725,7 +722,6 @@ impl DriverActor {
                         entry.reruns += producers.len();
                     }
                     self.counters.regions_retried += producers.len();
-                    telemetry::regions_retried(producers.len());
                     let list = |regions: &[RegionId]| {
                         regions
                             .iter()
@@ -949,7 +945,6 @@ impl DriverActor {
             self.counters.tasks_started += 1;
             if attempt.attempt > 0 {
                 self.counters.tasks_retried += 1;
-                telemetry::task_retried();
             }
             entry.place(*attempt, *location);
             let worker = match location {
@@ -1040,6 +1035,7 @@ impl DriverActor {
             entry.attempts.cancel_running();
             let mut record = entry.record;
             record.retries = entry.retries;
+            record.tasks_done = entry.succeeded.len();
             record.attempts = Arc::new(entry.attempts.into_records());
             self.history.remember(record);
         }

@@ -61,6 +61,8 @@ pub struct JobRecord {
     pub stage_inputs: Vec<Vec<(usize, &'static str)>>,
     /// Per stage, the name of its plan's root operator.
     pub stage_roots: Vec<String>,
+    /// Tasks whose latest attempt succeeded (as of the read, for a running job).
+    pub tasks_done: usize,
     /// Its task attempts in the order they were placed (those of a running job as of the read).
     pub attempts: Arc<Vec<TaskRecord>>,
     /// Rows its final stage wrote (once it succeeded).
@@ -96,6 +98,7 @@ impl JobRecord {
             submitted_ms: now_ms(),
             ended_ms: None,
             stage_tasks,
+            tasks_done: 0,
             attempts: Arc::default(),
             rows: 0,
             retries: 0,

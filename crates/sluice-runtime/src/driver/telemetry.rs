@@ -15,10 +15,12 @@
 //! | `sluice_shuffle_bytes_total` | counter | | bytes succeeded attempts wrote to output channels |
 //! | `sluice_spill_bytes_total` | counter | | bytes succeeded attempts spilled to disk |
 //!
-//! Gauges that describe the present (running jobs and tasks, workers, memory per worker) are set by
-//! whoever serves the scrape, from the cluster state read then ([`describe`] names them too).
+//! The retry, lost-worker and byte counters are the driver's own `DriverCounters`, and the gauges
+//! of the present (running jobs and tasks, workers, memory per worker) come from the cluster state:
+//! whoever serves the scrape sets both from the state read then ([`describe`] names them too).
 //!
-//! Invariant: each job and each task attempt is counted once, when it leaves `running`.
+//! Invariant: each job and each task attempt is counted once, when it leaves `running`; the
+//! counters read from `DriverCounters` are never counted twice, because nothing else counts them.
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, histogram};
 
@@ -109,25 +111,4 @@ pub(crate) fn job_ended(job: &JobRecord) {
 /// `task` left `running`.
 pub(crate) fn task_ended(task: &TaskRecord) {
     counter!(TASKS_TOTAL, "state" => task.state.name()).increment(1);
-}
-
-/// `regions` task regions are run again.
-pub(crate) fn regions_retried(regions: usize) {
-    counter!(REGIONS_RETRIED_TOTAL).increment(regions as u64);
-}
-
-/// A task attempt started again.
-pub(crate) fn task_retried() {
-    counter!(TASKS_RETRIED_TOTAL).increment(1);
-}
-
-/// A worker was declared lost.
-pub(crate) fn worker_lost() {
-    counter!(WORKERS_LOST_TOTAL).increment(1);
-}
-
-/// A succeeded attempt's accepted report: what it shuffled and spilled.
-pub(crate) fn task_work(shuffled_bytes: u64, spilled_bytes: u64) {
-    counter!(SHUFFLE_BYTES_TOTAL).increment(shuffled_bytes);
-    counter!(SPILL_BYTES_TOTAL).increment(spilled_bytes);
 }
