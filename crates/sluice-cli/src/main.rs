@@ -6,6 +6,7 @@
 
 mod cancel;
 mod commands;
+mod logging;
 mod output;
 mod progress;
 mod remote;
@@ -90,6 +91,14 @@ struct GlobalArgs {
     /// Memory budget for query execution, e.g. 4G, or 'unlimited'.
     #[arg(long, global = true, value_name = "SIZE")]
     memory_limit: Option<String>,
+    /// Log lines on stderr: text (default) or json (one object per event, with its job, stage and
+    /// task attempt ids). Which lines: the SLUICE_LOG filter (default warn; e.g. info).
+    #[arg(long, global = true, value_name = "FORMAT", env = "SLUICE_LOG_FORMAT")]
+    log_format: Option<logging::LogFormat>,
+    /// Export the driver's and workers' spans (job, stage, task attempt) over OTLP/gRPC to this
+    /// collector, e.g. http://127.0.0.1:4317 (needs a build with the `otlp` feature).
+    #[arg(long, global = true, value_name = "URL", env = "SLUICE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// A DataFusion setting, e.g. --set datafusion.execution.target_partitions=8 (repeatable).
     #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
     settings: Vec<String>,
@@ -208,11 +217,27 @@ fn main() -> ExitCode {
         }),
         _ => None,
     };
+    let logging = {
+        let _in_runtime = runtime.enter();
+        logging::install(
+            cli.global.log_format.unwrap_or_default(),
+            cli.global.otlp_endpoint.as_deref(),
+        )
+    };
+    let logging = match logging {
+        Ok(guard) => guard,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = runners::read_given_secret(cli.global.secret_file.as_deref())
         .and_then(|()| runners::read_given_tls(tls))
         .and_then(|()| remote::read_server_ca(cli.global.server_ca.as_deref()))
         .and_then(|()| cli.global.load_config())
         .and_then(|config| commands::run(cli.command, config, &runtime));
+    // The trace export flushes while the runtime its connection lives on still runs.
+    drop(logging);
     // Do not wait for work still unwinding after a cancellation: the process is ending.
     runtime.shutdown_background();
     match result {

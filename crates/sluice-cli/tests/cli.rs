@@ -201,6 +201,64 @@ fn tpch_run_json_counts_each_querys_task_attempts_in_a_distributed_mode() {
 }
 
 #[test]
+fn json_logs_carry_the_job_stage_and_attempt_of_each_event() {
+    let output = sluice()
+        .env("SLUICE_LOG", "sluice::driver=debug,sluice::worker=debug")
+        .args([
+            "--mode",
+            "local-graph",
+            "--log-format",
+            "json",
+            "sql",
+            "--format",
+            "csv",
+        ])
+        .arg("select n_regionkey, count(*) from nation group by n_regionkey order by 1")
+        .arg("--data")
+        .arg(tpch_dir())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output).lines().count(), 6, "a header and 5 rows");
+    // Every stderr line but the row count is one JSON event.
+    let err = stderr(&output);
+    let events: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let messages: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["fields"]["message"].as_str())
+        .collect();
+    assert!(messages.contains(&"job submitted"), "{messages:?}");
+    assert!(messages.contains(&"job succeeded"), "{messages:?}");
+    // Each attempt's end is logged inside its driver span (job, stage, partition, attempt) and
+    // its success inside the worker's span with the same ids.
+    let ended: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| {
+            e["fields"]["message"] == "task attempt succeeded" && e["span"]["name"] == "task"
+        })
+        .collect();
+    let ran: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["span"]["name"] == "task attempt")
+        .collect();
+    assert!(!ended.is_empty(), "{events:#?}");
+    assert_eq!(ended.len(), ran.len(), "{events:#?}");
+    for event in ended.iter().chain(&ran) {
+        assert_eq!(event["span"]["job"], 1, "{event}");
+        for id in ["stage", "partition", "attempt"] {
+            assert!(event["span"][id].is_u64(), "{id}: {event}");
+        }
+    }
+    let other: Vec<&str> = err.lines().filter(|line| !line.starts_with('{')).collect();
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert!(other[0].starts_with("5 rows in "), "{other:?}");
+}
+
+#[test]
 fn tpch_gen_skips_finished_tables_and_guards_the_scale() {
     let dir = tpch_dir();
     let again = run(&[

@@ -718,6 +718,7 @@ fn assert_metrics_agree_with_the_jobs(http_address: &str) {
         "sluice_tasks_total counter",
         "sluice_job_duration_seconds histogram",
         "sluice_worker_memory_used_bytes gauge",
+        "sluice_shuffle_read_bytes_total counter",
     ] {
         assert!(
             text.contains(&format!("# TYPE {family}\n")),

@@ -60,6 +60,7 @@ impl GrpcWorkerClient {
             live_attempts: count(state.live_attempts),
             stream_outputs: count(state.stream_outputs),
             memory_used: count(state.memory_used),
+            memory_limit: (state.memory_limit > 0).then(|| count(state.memory_limit)),
         })
     }
 }

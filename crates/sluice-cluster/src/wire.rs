@@ -307,6 +307,44 @@ pub(crate) fn error_from_proto(error: &proto::TaskError) -> RemoteError {
     }
 }
 
+fn metrics_to_proto(m: &TaskMetrics) -> proto::TaskMetrics {
+    proto::TaskMetrics {
+        output_rows: m.rows,
+        output_batches: m.batches,
+        output_bytes: m.shuffled_bytes,
+        input_rows: m.input_rows,
+        input_batches: m.input_batches,
+        read_local_bytes: m.read_local_bytes,
+        read_remote_bytes: m.read_remote_bytes,
+        scanned_rows: m.scanned_rows,
+        elapsed_ms: m.elapsed_ms,
+        compute_ms: m.compute_ms,
+        spill_count: m.spill_count,
+        spilled_bytes: m.spilled_bytes,
+        peak_memory_bytes: m.peak_memory_bytes,
+        plan: m.plan.clone(),
+    }
+}
+
+fn metrics_from_proto(m: &proto::TaskMetrics) -> TaskMetrics {
+    TaskMetrics {
+        rows: m.output_rows,
+        batches: m.output_batches,
+        shuffled_bytes: m.output_bytes,
+        input_rows: m.input_rows,
+        input_batches: m.input_batches,
+        read_local_bytes: m.read_local_bytes,
+        read_remote_bytes: m.read_remote_bytes,
+        scanned_rows: m.scanned_rows,
+        elapsed_ms: m.elapsed_ms,
+        compute_ms: m.compute_ms,
+        spill_count: m.spill_count,
+        spilled_bytes: m.spilled_bytes,
+        peak_memory_bytes: m.peak_memory_bytes,
+        plan: m.plan.clone(),
+    }
+}
+
 pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskStatusReport> {
     let key = report.attempt;
     let mut message = proto::TaskStatusReport {
@@ -318,21 +356,13 @@ pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskSt
         sequence: report.sequence,
         state: proto::TaskState::Running as i32,
         error: None,
-        output_rows: 0,
-        elapsed_ms: 0,
-        plan_metrics: String::new(),
-        spilled_bytes: 0,
-        shuffled_bytes: 0,
+        metrics: None,
     };
     match &report.state {
         TaskState::Running => {}
         TaskState::Succeeded(metrics) => {
             message.state = proto::TaskState::Succeeded as i32;
-            message.output_rows = metrics.rows;
-            message.elapsed_ms = metrics.elapsed_ms;
-            message.spilled_bytes = metrics.spilled_bytes;
-            message.shuffled_bytes = metrics.shuffled_bytes;
-            message.plan_metrics = metrics.plan.clone();
+            message.metrics = Some(metrics_to_proto(metrics));
         }
         TaskState::Failed(error) => {
             message.state = proto::TaskState::Failed as i32;
@@ -346,13 +376,13 @@ pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskSt
 pub(crate) fn report_from_proto(report: &proto::TaskStatusReport) -> Result<TaskStatusReport> {
     let state = match proto::TaskState::try_from(report.state) {
         Ok(proto::TaskState::Running) => TaskState::Running,
-        Ok(proto::TaskState::Succeeded) => TaskState::Succeeded(TaskMetrics {
-            rows: report.output_rows,
-            elapsed_ms: report.elapsed_ms,
-            spilled_bytes: report.spilled_bytes,
-            shuffled_bytes: report.shuffled_bytes,
-            plan: report.plan_metrics.clone(),
-        }),
+        Ok(proto::TaskState::Succeeded) => TaskState::Succeeded(
+            report
+                .metrics
+                .as_ref()
+                .map(metrics_from_proto)
+                .unwrap_or_default(),
+        ),
         Ok(proto::TaskState::Failed) => TaskState::Failed(match &report.error {
             Some(error) => error_from_proto(error),
             None => RemoteError::new(ErrorKind::Internal, "the task failed without an error"),
@@ -614,5 +644,39 @@ mod tests {
         let mut bad = report_to_proto(&report).unwrap();
         bad.state = 99;
         assert!(report_from_proto(&bad).is_err());
+    }
+
+    #[test]
+    fn every_task_metric_survives_the_wire() {
+        // Distinct values, so a field mapped to the wrong field or dropped shows.
+        let metrics = TaskMetrics {
+            rows: 1,
+            batches: 2,
+            shuffled_bytes: 3,
+            input_rows: 4,
+            input_batches: 5,
+            read_local_bytes: 6,
+            read_remote_bytes: 7,
+            scanned_rows: 8,
+            elapsed_ms: 9,
+            compute_ms: 10,
+            spill_count: 11,
+            spilled_bytes: 12,
+            peak_memory_bytes: 13,
+            plan: "ShuffleWriterExec".into(),
+        };
+        let report = TaskStatusReport {
+            worker: WorkerId(1),
+            attempt: AttemptKey {
+                job: JobId(3),
+                stage: StageId(1),
+                partition: 2,
+                attempt: 1,
+            },
+            sequence: 2,
+            state: TaskState::Succeeded(metrics.clone()),
+        };
+        let back = report_from_proto(&report_to_proto(&report).unwrap()).unwrap();
+        assert_eq!(back.state, TaskState::Succeeded(metrics));
     }
 }

@@ -364,6 +364,7 @@ impl WorkerService for WorkerEndpoint {
             live_attempts: self.worker.live_attempts() as u64,
             stream_outputs: store.outputs as u64,
             memory_used: self.worker.memory_used() as u64,
+            memory_limit: self.worker.memory_limit().map_or(0, |limit| limit as u64),
         }))
     }
 }

@@ -265,6 +265,18 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SLUICE_SECRET",
         "cluster mode and sluice worker: the cluster secret (read by the CLI, not a setting)",
     ),
+    (
+        "SLUICE_LOG",
+        "which log lines go to stderr, e.g. info or sluice::driver=debug (read by the CLI)",
+    ),
+    (
+        "SLUICE_LOG_FORMAT",
+        "log lines as text or json, like --log-format (read by the CLI)",
+    ),
+    (
+        "SLUICE_OTLP_ENDPOINT",
+        "where to export spans over OTLP/gRPC, like --otlp-endpoint (read by the CLI)",
+    ),
 ];
 
 /// How stage outputs move to the stages that read them.
@@ -468,6 +480,8 @@ impl ConfigLayer {
                 }
                 // The cluster secret is read where it is used, and never shown by `sluice config`.
                 "SLUICE_SECRET" => {}
+                // Logging is set up by the CLI before the configuration is read.
+                "SLUICE_LOG" | "SLUICE_LOG_FORMAT" | "SLUICE_OTLP_ENDPOINT" => {}
                 "SLUICE_SET" => {
                     for item in value.split(',').filter(|s| !s.trim().is_empty()) {
                         layer.session.push(parse_setting(item).map_err(error)?);

@@ -3,11 +3,15 @@
 //!
 //! ```text
 //!  sluice.jobs     one row per job (running ones and the driver's last ended ones)
-//!  sluice.stages   one row per stage of those jobs: tasks, attempts, rows, bytes, task time and rows
-//!                  (median and max: the skew)
-//!  sluice.tasks    one row per task attempt: where it ran, when, how it ended, what it did
+//!  sluice.stages   one row per stage of those jobs: tasks, attempts, its succeeded tasks' metrics
+//!                  summed (peak memory: the largest task's), task time and rows (median and max:
+//!                  the skew)
+//!  sluice.tasks    one row per task attempt: where it ran, when, how it ended, what it did (every
+//!                  counter of `TASK_METRICS`: rows, batches and bytes written and read, local and
+//!                  remote; rows scanned; wall and compute time; spills; peak memory)
 //!  sluice.workers  one row per registered worker and one for the driver's own executor (address
-//!                  `driver`): running tasks, live attempts, stream outputs, memory in use
+//!                  `driver`): running tasks, live attempts, stream outputs, memory in use and
+//!                  its limit (NULL: unlimited)
 //! ```
 //!
 //! Each scan reads the session's runner at planning time (one snapshot per scan) and plans a memory
@@ -29,6 +33,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
+use sluice_runtime::analyze::{TASK_METRICS, TaskMetrics};
 use sluice_runtime::{JobRecord, JobRunner, stage_summaries};
 
 /// The schema's name.
@@ -235,16 +240,16 @@ fn stages_batch(jobs: &[JobRecord]) -> Result<RecordBatch> {
         .collect();
     let col =
         |f: fn(&sluice_runtime::StageSummary) -> Option<i64>| ints(rows.iter().map(|r| f(&r.2)));
-    batch(vec![
+    let mut columns: Columns = vec![
         ("job_id", ints(rows.iter().map(|r| big(r.0))), false),
         ("stage", ints(rows.iter().map(|r| big(r.1))), false),
         ("tasks", col(|s| big(s.tasks)), false),
         ("attempts", col(|s| big(s.attempts)), false),
         ("succeeded", col(|s| big(s.succeeded)), false),
         ("running", col(|s| big(s.running)), false),
-        ("rows", col(|s| big(s.rows)), false),
-        ("shuffled_bytes", col(|s| big(s.shuffled_bytes)), false),
-        ("spilled_bytes", col(|s| big(s.spilled_bytes)), false),
+    ];
+    columns.extend(metric_columns(rows.iter().map(|r| &r.2.totals)));
+    columns.extend([
         (
             "task_ms_median",
             col(|s| s.task_ms.and_then(|t| big(t.0))),
@@ -265,7 +270,19 @@ fn stages_batch(jobs: &[JobRecord]) -> Result<RecordBatch> {
             col(|s| s.task_rows.and_then(|t| big(t.1))),
             true,
         ),
-    ])
+    ]);
+    batch(columns)
+}
+
+/// A column per [`TASK_METRICS`] counter of `metrics` (one per row).
+fn metric_columns<'a>(metrics: impl Iterator<Item = &'a TaskMetrics> + Clone) -> Columns {
+    TASK_METRICS
+        .iter()
+        .map(|(name, value)| {
+            let values = ints(metrics.clone().map(|m| big(value(m))));
+            (*name, values, false)
+        })
+        .collect()
 }
 
 fn tasks_batch(jobs: &[JobRecord]) -> Result<RecordBatch> {
@@ -274,7 +291,7 @@ fn tasks_batch(jobs: &[JobRecord]) -> Result<RecordBatch> {
         .flat_map(|job| job.attempts.iter().map(move |a| (job.job, a)))
         .collect();
     let col = |f: fn(&sluice_runtime::TaskRecord) -> Option<i64>| ints(rows.iter().map(|r| f(r.1)));
-    batch(vec![
+    let mut columns: Columns = vec![
         ("job_id", ints(rows.iter().map(|r| big(r.0))), false),
         ("stage", col(|a| big(a.attempt.task.stage.0)), false),
         ("partition", col(|a| big(a.attempt.task.partition)), false),
@@ -293,24 +310,14 @@ fn tasks_batch(jobs: &[JobRecord]) -> Result<RecordBatch> {
         ("started_ms", col(|a| big(a.started_ms)), false),
         ("ended_ms", col(|a| a.ended_ms.and_then(big)), true),
         ("elapsed_ms", col(|a| big(a.elapsed_ms())), false),
-        ("task_ms", col(|a| big(a.metrics.elapsed_ms)), false),
-        ("rows", col(|a| big(a.metrics.rows)), false),
-        (
-            "shuffled_bytes",
-            col(|a| big(a.metrics.shuffled_bytes)),
-            false,
-        ),
-        (
-            "spilled_bytes",
-            col(|a| big(a.metrics.spilled_bytes)),
-            false,
-        ),
-        (
-            "error",
-            texts(rows.iter().map(|r| r.1.error.as_deref())),
-            true,
-        ),
-    ])
+    ];
+    columns.extend(metric_columns(rows.iter().map(|r| &r.1.metrics)));
+    columns.push((
+        "error",
+        texts(rows.iter().map(|r| r.1.error.as_deref())),
+        true,
+    ));
+    batch(columns)
 }
 
 fn workers_batch(workers: &[sluice_runtime::runner::WorkerState]) -> Result<RecordBatch> {
@@ -326,6 +333,11 @@ fn workers_batch(workers: &[sluice_runtime::runner::WorkerState]) -> Result<Reco
         ("live_attempts", col(|w| big(w.live_attempts)), false),
         ("stream_outputs", col(|w| big(w.stream_outputs)), false),
         ("memory_used_bytes", col(|w| big(w.memory_used)), false),
+        (
+            "memory_limit_bytes",
+            col(|w| w.memory_limit.and_then(big)),
+            true,
+        ),
     ])
 }
 
@@ -362,8 +374,10 @@ mod tests {
                 "error"
             ]
         );
-        assert_eq!(names(tasks_batch(&[])).len(), 15);
-        assert_eq!(names(stages_batch(&[])).len(), 13);
+        // Ten about the attempt, every task metric, its error.
+        assert_eq!(names(tasks_batch(&[])).len(), 10 + TASK_METRICS.len() + 1);
+        // Six about the stage, every task metric summed, median and max task time and rows.
+        assert_eq!(names(stages_batch(&[])).len(), 6 + TASK_METRICS.len() + 4);
         assert_eq!(
             names(workers_batch(&[])),
             [
@@ -371,7 +385,8 @@ mod tests {
                 "running_tasks",
                 "live_attempts",
                 "stream_outputs",
-                "memory_used_bytes"
+                "memory_used_bytes",
+                "memory_limit_bytes"
             ]
         );
     }

@@ -21,19 +21,81 @@ use datafusion::physical_plan::analyze::AnalyzeExec;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use sluice_planner::{JobGraph, StageId, TaskId};
 
-/// What a succeeded task attempt reports.
+use crate::plan::shuffle_reader::ShuffleReaderExec;
+
+/// What a succeeded task attempt reports: structured metrics (they travel as fields of the final
+/// status report, never as rendered text), and for `EXPLAIN ANALYZE` its plan with metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskMetrics {
-    /// Rows its shuffle writer sent (0 without one).
+    /// Rows its shuffle writer sent to its output channels (0 without one).
     pub rows: u64,
+    /// Batches its shuffle writer sent.
+    pub batches: u64,
+    /// Bytes of data its shuffle writer sent (the rows' buffers, see `batch_data_bytes`).
+    pub shuffled_bytes: u64,
+    /// Rows it read from earlier stages' outputs.
+    pub input_rows: u64,
+    /// Batches it read from earlier stages' outputs.
+    pub input_batches: u64,
+    /// Bytes of those it read from its own worker's stream store.
+    pub read_local_bytes: u64,
+    /// Bytes of those it read from other workers (Arrow Flight).
+    pub read_remote_bytes: u64,
+    /// Rows its table scans produced.
+    pub scanned_rows: u64,
     /// Wall time of the attempt.
     pub elapsed_ms: u64,
-    /// Bytes its operators spilled to disk.
+    /// CPU time its operators measured (`elapsed_compute`, summed over the plan).
+    pub compute_ms: u64,
+    /// Times its operators (and its output channels) spilled to disk.
+    pub spill_count: u64,
+    /// Bytes they spilled.
     pub spilled_bytes: u64,
-    /// Bytes its shuffle writer sent to its output channels (0 without one).
-    pub shuffled_bytes: u64,
+    /// The most memory its operators held at once (reserved in the worker's pool).
+    pub peak_memory_bytes: u64,
     /// The task's plan rendered with its metrics (empty unless asked for, see [`executed_task`]).
     pub plan: String,
+}
+
+/// Reads one counter of [`TaskMetrics`].
+pub type MetricOf = fn(&TaskMetrics) -> u64;
+
+/// Every counter of [`TaskMetrics`] by the name the REST API and the `sluice.tasks` /
+/// `sluice.stages` tables give it, in the order they show them (`task_ms` is the wall time).
+pub const TASK_METRICS: &[(&str, MetricOf)] = &[
+    ("rows", |m| m.rows),
+    ("batches", |m| m.batches),
+    ("shuffled_bytes", |m| m.shuffled_bytes),
+    ("input_rows", |m| m.input_rows),
+    ("input_batches", |m| m.input_batches),
+    ("read_local_bytes", |m| m.read_local_bytes),
+    ("read_remote_bytes", |m| m.read_remote_bytes),
+    ("scanned_rows", |m| m.scanned_rows),
+    ("task_ms", |m| m.elapsed_ms),
+    ("compute_ms", |m| m.compute_ms),
+    ("spill_count", |m| m.spill_count),
+    ("spilled_bytes", |m| m.spilled_bytes),
+    ("peak_memory_bytes", |m| m.peak_memory_bytes),
+];
+
+impl TaskMetrics {
+    /// Adds `other`'s counts and times to these (the peak memory is the larger of the two; the
+    /// plan stays), as a stage's or job's totals sum its tasks.
+    pub fn add(&mut self, other: &TaskMetrics) {
+        self.rows += other.rows;
+        self.batches += other.batches;
+        self.shuffled_bytes += other.shuffled_bytes;
+        self.input_rows += other.input_rows;
+        self.input_batches += other.input_batches;
+        self.read_local_bytes += other.read_local_bytes;
+        self.read_remote_bytes += other.read_remote_bytes;
+        self.scanned_rows += other.scanned_rows;
+        self.elapsed_ms += other.elapsed_ms;
+        self.compute_ms += other.compute_ms;
+        self.spill_count += other.spill_count;
+        self.spilled_bytes += other.spilled_bytes;
+        self.peak_memory_bytes = self.peak_memory_bytes.max(other.peak_memory_bytes);
+    }
 }
 
 /// One `EXPLAIN ANALYZE` row for a stage other than the final one.
@@ -45,21 +107,19 @@ pub struct StageReport {
     pub text: String,
 }
 
-/// What an executed task plan reports. Rendering the plan costs a pass over it and a few KiB per
+/// What an executed task plan says of itself: its writer's rows, batches and bytes, its scans'
+/// rows, its operators' compute time and spills. Reads, wall time and peak memory are measured
+/// around the plan by whoever ran it. Rendering the plan costs a pass over it and a few KiB per
 /// report, so it happens only when `with_plan` (the job is an `EXPLAIN ANALYZE`).
-pub fn executed_task(
-    plan: &Arc<dyn ExecutionPlan>,
-    elapsed_ms: u64,
-    with_plan: bool,
-) -> TaskMetrics {
+pub fn executed_task(plan: &Arc<dyn ExecutionPlan>, with_plan: bool) -> TaskMetrics {
     let root = |name: &str| {
         plan.metrics()
             .and_then(|metrics| metrics.sum_by_name(name))
             .map_or(0, |value| value.as_usize() as u64)
     };
-    let (rows, shuffled_bytes) = (root("channel_rows"), root("channel_bytes"));
-    let spilled_bytes = tree_sum(plan, "spilled_bytes");
-    let plan = if with_plan {
+    let mut totals = PlanTotals::default();
+    totals.add(plan);
+    let rendered = if with_plan {
         DisplayableExecutionPlan::with_metrics(plan.as_ref())
             .indent(true)
             .to_string()
@@ -67,25 +127,43 @@ pub fn executed_task(
         String::new()
     };
     TaskMetrics {
-        rows,
-        elapsed_ms,
-        spilled_bytes,
-        shuffled_bytes,
-        plan,
+        rows: root("channel_rows"),
+        batches: root("channel_batches"),
+        shuffled_bytes: root("channel_bytes"),
+        scanned_rows: totals.scanned_rows,
+        compute_ms: totals.compute_ns / 1_000_000,
+        spill_count: totals.spill_count,
+        spilled_bytes: totals.spilled_bytes,
+        plan: rendered,
+        ..TaskMetrics::default()
     }
 }
 
-/// The metric `name` summed over every node of `plan`.
-fn tree_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> u64 {
-    let own = plan
-        .metrics()
-        .and_then(|metrics| metrics.sum_by_name(name))
-        .map_or(0, |value| value.as_usize() as u64);
-    own + plan
-        .children()
-        .into_iter()
-        .map(|child| tree_sum(child, name))
-        .sum::<u64>()
+/// Sums over every node of a task plan.
+#[derive(Debug, Default)]
+struct PlanTotals {
+    scanned_rows: u64,
+    compute_ns: u64,
+    spill_count: u64,
+    spilled_bytes: u64,
+}
+
+impl PlanTotals {
+    fn add(&mut self, plan: &Arc<dyn ExecutionPlan>) {
+        if let Some(metrics) = plan.metrics() {
+            let value = |v: Option<usize>| v.map_or(0, |v| v as u64);
+            self.compute_ns += value(metrics.elapsed_compute());
+            self.spill_count += value(metrics.spill_count());
+            self.spilled_bytes += value(metrics.spilled_bytes());
+            // A leaf that is not a stage input reader scans a table (files, memory, a row).
+            if plan.children().is_empty() && plan.downcast_ref::<ShuffleReaderExec>().is_none() {
+                self.scanned_rows += value(metrics.output_rows());
+            }
+        }
+        for child in plan.children() {
+            self.add(child);
+        }
+    }
 }
 
 /// Whether the job is an `EXPLAIN ANALYZE` (its final stage's root is `AnalyzeExec`).
@@ -95,80 +173,145 @@ pub fn is_analyze(graph: &JobGraph) -> bool {
         .is_some_and(|stage| stage.plan.downcast_ref::<AnalyzeExec>().is_some())
 }
 
-/// A report for every stage but the final one, in stage order.
+/// A report for every stage but the final one, in stage order, then one for the whole job.
 pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -> Vec<StageReport> {
     let last = graph.final_stage();
-    graph
+    let mut reports: Vec<StageReport> = graph
         .stages()
         .iter()
         .enumerate()
         .filter(|(index, _)| StageId(*index) != last)
-        .map(|(index, stage)| {
-            let tasks: Vec<TaskId> = (0..stage.partitions())
-                .map(|partition| TaskId {
-                    stage: StageId(index),
-                    partition,
-                })
-                .collect();
-            let written: u64 = tasks
-                .iter()
-                .filter_map(|task| metrics.get(task))
-                .map(|m| m.rows)
-                .sum();
-            let mut times: Vec<(u64, usize)> = tasks
-                .iter()
-                .filter_map(|task| metrics.get(task).map(|m| (m.elapsed_ms, task.partition)))
-                .collect();
-            times.sort_unstable();
-            let mut rows: Vec<u64> = tasks
-                .iter()
-                .filter_map(|task| metrics.get(task).map(|m| m.rows))
-                .collect();
-            rows.sort_unstable();
-            let spread = row_spread(&rows);
-            let summary = match (times.get(times.len() / 2), times.last()) {
-                (Some((median, _)), Some((max, slowest))) => format!(
-                    "{} tasks, {written} rows written{spread}; task time median {median} ms, \
-                     max {max} ms (partition {slowest}, shown below)",
-                    tasks.len()
-                ),
-                _ => format!("{} tasks, {written} rows written{spread}", tasks.len()),
-            };
-            let plan = times
-                .last()
-                .and_then(|(_, partition)| {
-                    metrics.get(&TaskId {
-                        stage: StageId(index),
-                        partition: *partition,
-                    })
-                })
-                .map_or("", |m| m.plan.as_str());
-            StageReport {
-                title: format!("Stage {index}"),
-                text: format!("{summary}\n{plan}"),
-            }
-        })
-        .collect()
+        .map(|(index, stage)| stage_report(StageId(index), stage.partitions(), metrics))
+        .collect();
+    let mut job = TaskMetrics::default();
+    for m in metrics.values() {
+        job.add(m);
+    }
+    reports.push(StageReport {
+        title: "Job".to_string(),
+        text: format!(
+            "{} stages, {} tasks\n{}\n",
+            graph.stages().len(),
+            metrics.len(),
+            totals_text(&job)
+        ),
+    });
+    reports
 }
 
-/// How rows spread over a stage's tasks (`sorted` ascending): " (per task 2 to 9, skew 1.80)", the
-/// skew being the largest over the mean (1.00: even; the number of tasks: one task has them all).
-/// Empty for fewer than two tasks; no skew when no task wrote a row.
-fn row_spread(sorted: &[u64]) -> String {
-    let (Some(least), Some(most)) = (sorted.first(), sorted.last()) else {
-        return String::new();
-    };
-    if sorted.len() < 2 {
-        return String::new();
+/// The report of `stage` (`partitions` tasks): how rows and time spread over its tasks, its
+/// totals, and the slowest task's plan with its metrics.
+fn stage_report(
+    stage: StageId,
+    partitions: usize,
+    metrics: &HashMap<TaskId, TaskMetrics>,
+) -> StageReport {
+    let tasks: Vec<(usize, &TaskMetrics)> = (0..partitions)
+        .filter_map(|partition| {
+            metrics
+                .get(&TaskId { stage, partition })
+                .map(|m| (partition, m))
+        })
+        .collect();
+    let mut totals = TaskMetrics::default();
+    for (_, m) in &tasks {
+        totals.add(m);
     }
-    let total: u64 = sorted.iter().sum();
-    let skew = if total > 0 {
-        let mean = total as f64 / sorted.len() as f64;
-        format!(", skew {:.2}", *most as f64 / mean)
+    let mut times: Vec<(u64, usize)> = tasks.iter().map(|(p, m)| (m.elapsed_ms, *p)).collect();
+    times.sort_unstable();
+    let mut rows: Vec<u64> = tasks.iter().map(|(_, m)| m.rows).collect();
+    rows.sort_unstable();
+    let sorted_times: Vec<u64> = times.iter().map(|(ms, _)| *ms).collect();
+    let mut summary = format!("{partitions} tasks");
+    if let Some((rows, skew)) = spread(&rows, |n| n.to_string()) {
+        summary.push_str(&format!("; rows per task {rows}"));
+        if let Some(skew) = skew {
+            summary.push_str(&format!(" (skew {skew})"));
+        }
+    }
+    let slowest = times.last().map(|(_, partition)| *partition);
+    if let (Some((time, skew)), Some(slowest)) =
+        (spread(&sorted_times, |ms| format!("{ms} ms")), slowest)
+    {
+        let skew = skew.map_or(String::new(), |s| format!("time skew {s}; "));
+        summary.push_str(&format!(
+            "; time per task {time} ({skew}partition {slowest} shown below)"
+        ));
+    }
+    let plan = slowest
+        .and_then(|partition| metrics.get(&TaskId { stage, partition }))
+        .map_or("", |m| m.plan.as_str());
+    StageReport {
+        title: format!("Stage {stage}"),
+        text: format!("{summary}\n{}\n{plan}", totals_text(&totals)),
+    }
+}
+
+/// How `sorted` (ascending, one value per task) spreads: "min 1, median 2, max 9", and the skew,
+/// the largest over the median ("4.50"; 1.00 is even). `None` for no task; the value alone for
+/// one task; no skew for one task or a median of 0.
+fn spread(sorted: &[u64], show: impl Fn(u64) -> String) -> Option<(String, Option<String>)> {
+    let (least, most) = (*sorted.first()?, *sorted.last()?);
+    let middle = median(sorted)?;
+    if sorted.len() < 2 {
+        return Some((show(most), None));
+    }
+    let skew = (middle > 0).then(|| format!("{:.2}", most as f64 / middle as f64));
+    let text = format!(
+        "min {}, median {}, max {}",
+        show(least),
+        show(middle),
+        show(most)
+    );
+    Some((text, skew))
+}
+
+/// The median of `sorted` (ascending; the mean of the middle two of an even count).
+pub fn median(sorted: &[u64]) -> Option<u64> {
+    let upper = *sorted.get(sorted.len() / 2)?;
+    if sorted.len() % 2 == 1 {
+        return Some(upper);
+    }
+    let lower = *sorted.get(sorted.len() / 2 - 1)?;
+    Some(lower + (upper - lower) / 2)
+}
+
+/// A stage's or job's totals as two lines: the data it moved, then its time, spills and memory.
+fn totals_text(t: &TaskMetrics) -> String {
+    format!(
+        "written: {} rows, {} batches, {}; read: {} rows, {} batches ({} local, {} over \
+         Flight); scanned: {} rows\ntask time {} ms, compute {} ms; spilled {} times, {}; peak \
+         memory {} (largest task)",
+        t.rows,
+        t.batches,
+        human_bytes(t.shuffled_bytes),
+        t.input_rows,
+        t.input_batches,
+        human_bytes(t.read_local_bytes),
+        human_bytes(t.read_remote_bytes),
+        t.scanned_rows,
+        t.elapsed_ms,
+        t.compute_ms,
+        t.spill_count,
+        human_bytes(t.spilled_bytes),
+        human_bytes(t.peak_memory_bytes),
+    )
+}
+
+/// `bytes` with a binary unit: `812 B`, `1.5 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
     } else {
-        String::new()
-    };
-    format!(" (per task {least} to {most}{skew})")
+        format!("{value:.1} {}", units[unit])
+    }
 }
 
 /// The reports as a batch of `schema` (`AnalyzeExec`'s two string columns), or `None` if the schema
@@ -198,13 +341,82 @@ mod tests {
     use super::*;
 
     #[test]
-    fn row_spread_names_the_range_and_the_skew_over_the_mean() {
-        assert_eq!(row_spread(&[]), "");
-        assert_eq!(row_spread(&[25]), "");
-        assert_eq!(row_spread(&[3, 3]), " (per task 3 to 3, skew 1.00)");
-        assert_eq!(row_spread(&[0, 5]), " (per task 0 to 5, skew 2.00)");
-        assert_eq!(row_spread(&[1, 2, 2, 9]), " (per task 1 to 9, skew 2.57)");
-        assert_eq!(row_spread(&[0, 0]), " (per task 0 to 0)");
+    fn spread_names_min_median_max_and_the_skew_over_the_median() {
+        let n = |v: u64| v.to_string();
+        let spread_of = |values: &[u64]| spread(values, n);
+        let pair =
+            |text: &str, skew: Option<&str>| Some((text.to_string(), skew.map(String::from)));
+        assert_eq!(spread_of(&[]), None);
+        assert_eq!(spread_of(&[25]), pair("25", None));
+        assert_eq!(
+            spread_of(&[3, 3]),
+            pair("min 3, median 3, max 3", Some("1.00"))
+        );
+        assert_eq!(
+            spread_of(&[1, 2, 2, 9]),
+            pair("min 1, median 2, max 9", Some("4.50"))
+        );
+        // No skew over a median of 0.
+        assert_eq!(spread_of(&[0, 0, 5]), pair("min 0, median 0, max 5", None));
+        assert_eq!(
+            spread(&[10, 30, 45], |v| format!("{v} ms")),
+            pair("min 10 ms, median 30 ms, max 45 ms", Some("1.50"))
+        );
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[7]), Some(7));
+        assert_eq!(median(&[0, 5]), Some(2));
+        assert_eq!(median(&[1, 2, 4, 9]), Some(3));
+        assert_eq!(median(&[1, 2, 9]), Some(2));
+    }
+
+    #[test]
+    fn bytes_read_with_a_binary_unit() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn totals_add_counts_and_times_and_keep_the_largest_peak() {
+        let a = TaskMetrics {
+            rows: 1,
+            read_remote_bytes: 10,
+            compute_ms: 5,
+            spill_count: 1,
+            peak_memory_bytes: 300,
+            plan: "A".into(),
+            ..TaskMetrics::default()
+        };
+        let b = TaskMetrics {
+            rows: 2,
+            read_remote_bytes: 20,
+            compute_ms: 7,
+            peak_memory_bytes: 200,
+            ..TaskMetrics::default()
+        };
+        let mut sum = TaskMetrics::default();
+        sum.add(&a);
+        sum.add(&b);
+        assert_eq!(
+            sum,
+            TaskMetrics {
+                rows: 3,
+                read_remote_bytes: 30,
+                compute_ms: 12,
+                spill_count: 1,
+                peak_memory_bytes: 300,
+                ..TaskMetrics::default()
+            }
+        );
+        // Every counter is named once for the REST API and the tables.
+        let names: std::collections::HashSet<&str> = TASK_METRICS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), TASK_METRICS.len());
+        assert_eq!(TASK_METRICS.len(), 13);
     }
 
     #[test]

@@ -1,16 +1,18 @@
-//! Capped views of a worker's one memory pool: a task of a session that set a memory limit of its
-//! own, and the stream store's blocking outputs, each draw on the worker's pool up to a cap.
+//! Views of a worker's one memory pool: each task's operators, and the stream store's blocking
+//! outputs, draw on the worker's pool through a view that measures what they hold (and its peak)
+//! and, where there is one, holds them to a cap (the session's memory limit per task; half the
+//! pool for blocking outputs).
 //!
 //! ```text
-//!   a task's operators ─► CappedPool (the session's limit) ─┐
-//!   blocking outputs   ─► CappedPool (half the pool)       ─┼─► the worker's pool (FairSpillPool)
-//!   other operators, pipelined channels ────────────────────┘
+//!   a task's operators ─► CappedPool (peak; the session's limit, if any) ─┐
+//!   blocking outputs   ─► CappedPool (half the pool)                      ─┼─► the worker's pool
+//!   pipelined channels ────────────────────────────────────────────────────┘   (FairSpillPool)
 //! ```
 //!
-//! Invariants: every byte reserved through a capped view is reserved in the worker's pool too, so
-//! the worker's budget holds whatever the caps allow; a reservation that would pass the cap fails
+//! Invariants: every byte reserved through a view is reserved in the worker's pool too, so the
+//! worker's budget holds whatever the caps allow; a reservation that would pass the cap fails
 //! with `ResourcesExhausted` (so spilling operators spill, and blocking outputs go to files) and
-//! reserves nothing anywhere.
+//! reserves nothing anywhere; a view without a cap reports its worker pool's limit.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,13 +24,15 @@ use datafusion::execution::memory_pool::{
 };
 use datafusion::execution::runtime_env::RuntimeEnv;
 
-/// At most `cap` bytes, drawn from `inner`; `what` names the cap in errors.
+/// At most `cap` bytes (`usize::MAX`: no cap of its own), drawn from `inner`; `what` names the
+/// cap in errors. It remembers the most it ever held.
 #[derive(Debug)]
 pub(crate) struct CappedPool {
     inner: Arc<dyn MemoryPool>,
     cap: usize,
     what: &'static str,
     used: AtomicUsize,
+    peak: AtomicUsize,
 }
 
 impl CappedPool {
@@ -38,15 +42,50 @@ impl CappedPool {
             cap,
             what,
             used: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
         }
     }
+
+    /// The most bytes this view held at once.
+    pub(crate) fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+
+    fn added(&self, additional: usize) {
+        let now = self.used.fetch_add(additional, Ordering::SeqCst) + additional;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+    }
+}
+
+/// A task's view of the worker's pool in `runtime`: held to `cap` when its session set a memory
+/// limit per task, measuring the task's peak either way. Returns the task's runtime (disk,
+/// caches and object stores shared) and the view, to read the peak when the task ends.
+pub(crate) fn task_pool(
+    runtime: &Arc<RuntimeEnv>,
+    cap: Option<usize>,
+) -> (Arc<RuntimeEnv>, Arc<CappedPool>) {
+    let view = Arc::new(CappedPool::new(
+        Arc::clone(&runtime.memory_pool),
+        cap.unwrap_or(usize::MAX),
+        "the session's memory limit per task",
+    ));
+    (
+        through(runtime, Arc::clone(&view) as Arc<dyn MemoryPool>),
+        view,
+    )
 }
 
 /// `runtime` with its pool seen through a [`CappedPool`] of `cap` bytes (disk, caches and object
 /// stores shared).
 pub(crate) fn capped(runtime: &Arc<RuntimeEnv>, cap: usize, what: &'static str) -> Arc<RuntimeEnv> {
+    let view = CappedPool::new(Arc::clone(&runtime.memory_pool), cap, what);
+    through(runtime, Arc::new(view))
+}
+
+/// `runtime` with `pool` as its memory pool.
+fn through(runtime: &Arc<RuntimeEnv>, pool: Arc<dyn MemoryPool>) -> Arc<RuntimeEnv> {
     Arc::new(RuntimeEnv {
-        memory_pool: Arc::new(CappedPool::new(Arc::clone(&runtime.memory_pool), cap, what)),
+        memory_pool: pool,
         disk_manager: Arc::clone(&runtime.disk_manager),
         cache_manager: Arc::clone(&runtime.cache_manager),
         object_store_registry: Arc::clone(&runtime.object_store_registry),
@@ -91,7 +130,7 @@ impl MemoryPool for CappedPool {
 
     fn grow(&self, reservation: &MemoryReservation, additional: usize) {
         self.inner.grow(reservation, additional);
-        self.used.fetch_add(additional, Ordering::SeqCst);
+        self.added(additional);
     }
 
     fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
@@ -101,7 +140,8 @@ impl MemoryPool for CappedPool {
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
         let cap = self.cap;
-        self.used
+        let before = self
+            .used
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 used.checked_add(additional).filter(|total| *total <= cap)
             })
@@ -117,6 +157,8 @@ impl MemoryPool for CappedPool {
             self.used.fetch_sub(additional, Ordering::SeqCst);
             return Err(e);
         }
+        self.peak
+            .fetch_max(before.saturating_add(additional), Ordering::SeqCst);
         Ok(())
     }
 
@@ -125,6 +167,9 @@ impl MemoryPool for CappedPool {
     }
 
     fn memory_limit(&self) -> MemoryLimit {
+        if self.cap == usize::MAX {
+            return self.inner.memory_limit();
+        }
         MemoryLimit::Finite(self.cap)
     }
 }
@@ -157,6 +202,31 @@ mod tests {
         assert_eq!((task.reserved(), worker.reserved()), (50, 50));
         drop(reservation);
         assert_eq!((task.reserved(), worker.reserved()), (0, 0));
+    }
+
+    #[test]
+    fn a_task_view_without_a_cap_measures_its_peak_and_reports_the_worker_limit() {
+        let worker = Arc::new(RuntimeEnv {
+            memory_pool: Arc::new(GreedyMemoryPool::new(1000)),
+            ..RuntimeEnv::default()
+        });
+        let (runtime, view) = task_pool(&worker, None);
+        assert!(matches!(
+            runtime.memory_pool.memory_limit(),
+            MemoryLimit::Finite(1000)
+        ));
+        let a = MemoryConsumer::new("a").register(&runtime.memory_pool);
+        let b = MemoryConsumer::new("b").register(&runtime.memory_pool);
+        a.try_grow(400).unwrap();
+        b.grow(300);
+        a.shrink(350);
+        b.try_grow(100).unwrap();
+        // 700 at most (400 + 300), now 450; the worker's pool holds the same.
+        assert_eq!((view.peak(), view.reserved()), (700, 450));
+        assert_eq!(worker.memory_pool.reserved(), 450);
+        let error = a.try_grow(600).unwrap_err().to_string();
+        assert!(error.starts_with("Resources exhausted"), "{error}");
+        assert_eq!((view.peak(), view.reserved()), (700, 450));
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub async fn render(runner: &dyn JobRunner) -> Result<String, String> {
     counter!(telemetry::WORKERS_LOST_TOTAL).absolute(counters.workers_lost as u64);
     counter!(telemetry::SHUFFLE_BYTES_TOTAL).absolute(counters.shuffled_bytes);
     counter!(telemetry::SPILL_BYTES_TOTAL).absolute(counters.spilled_bytes);
+    counter!(telemetry::SHUFFLE_READ_BYTES_TOTAL, "via" => "local")
+        .absolute(counters.read_local_bytes);
+    counter!(telemetry::SHUFFLE_READ_BYTES_TOTAL, "via" => "flight")
+        .absolute(counters.read_remote_bytes);
     gauge!(telemetry::JOBS_RUNNING).set(driver.scheduler_jobs as f64);
     gauge!(telemetry::TASKS_RUNNING).set(driver.running_tasks as f64);
     gauge!(telemetry::WORKERS).set(driver.workers as f64);

@@ -5,11 +5,17 @@
 //!  GET  /api/v1/jobs               [job, …] by id: running ones and the last ended ones
 //!  GET  /api/v1/jobs/{id}          job + "graph" (per stage: tasks, root operator, inputs with
 //!                                  their mode) + "stage_details" (per stage: tasks, attempts, succeeded,
-//!                                  running, rows, bytes, task time and rows: median and max) +
-//!                                  "attempts" (every task attempt: where, when, state, metrics)
+//!                                  running, task time and rows: median and max, and every
+//!                                  `TASK_METRICS` counter summed over its succeeded tasks) +
+//!                                  "totals" (those summed over the stages) +
+//!                                  "attempts" (every task attempt: where, when, state, and its
+//!                                  `TASK_METRICS` counters)
 //!                                  + "progress" (per stage: total, running, done, rows) while it runs
 //!  POST /api/v1/jobs/{id}/cancel   {"cancelled": true} · 404 unknown job · 409 not running
-//!  GET  /api/v1/workers            [{address, running_tasks, live_attempts, stream_outputs, memory_used}, …]
+//!  GET  /api/v1/workers            [{address, slots, busy_slots, last_heartbeat_ms_ago (the
+//!                                  driver's view; null for its own executor), running_tasks,
+//!                                  live_attempts, stream_outputs, memory_used, memory_limit
+//!                                  (null: unlimited)}, …]
 //!  GET  /api/v1/events             Server-Sent Events: `event: job`, `data:` a job as in the list,
 //!                                  for every job on connect, then each time one changes (state,
 //!                                  tasks done, rows, retries), checked every EVENTS_EVERY
@@ -39,6 +45,7 @@ use datafusion::common::runtime::SpawnedTask;
 use serde_json::{Value, json};
 use sluice_engine::Result;
 use sluice_planner::JobId;
+use sluice_runtime::analyze::{TASK_METRICS, TaskMetrics};
 use sluice_runtime::{DriverHandle, JobRecord, StageSummary, TaskRecord, stage_summaries};
 use tokio::sync::watch;
 
@@ -150,27 +157,35 @@ pub fn job_json(job: &JobRecord) -> Value {
     })
 }
 
+/// Every [`TASK_METRICS`] counter of `metrics` added to the object `into`.
+fn with_metrics(mut into: Value, metrics: &TaskMetrics) -> Value {
+    if let Value::Object(fields) = &mut into {
+        for (name, value) in TASK_METRICS {
+            fields.insert((*name).to_string(), json!(value(metrics)));
+        }
+    }
+    into
+}
+
 /// One stage's summary, as `/api/v1/jobs/{id}` shows it.
 fn stage_json(stage: usize, s: &StageSummary) -> Value {
-    json!({
+    let summary = json!({
         "stage": stage,
         "tasks": s.tasks,
         "attempts": s.attempts,
         "succeeded": s.succeeded,
         "running": s.running,
-        "rows": s.rows,
-        "shuffled_bytes": s.shuffled_bytes,
-        "spilled_bytes": s.spilled_bytes,
         "task_ms_median": s.task_ms.map(|t| t.0),
         "task_ms_max": s.task_ms.map(|t| t.1),
         "task_rows_median": s.task_rows.map(|t| t.0),
         "task_rows_max": s.task_rows.map(|t| t.1),
-    })
+    });
+    with_metrics(summary, &s.totals)
 }
 
 /// One task attempt, as `/api/v1/jobs/{id}` shows it.
 fn attempt_json(a: &TaskRecord) -> Value {
-    json!({
+    let attempt = json!({
         "stage": a.attempt.task.stage.0,
         "partition": a.attempt.task.partition,
         "attempt": a.attempt.attempt,
@@ -180,12 +195,9 @@ fn attempt_json(a: &TaskRecord) -> Value {
         "started_ms": a.started_ms,
         "ended_ms": a.ended_ms,
         "elapsed_ms": a.elapsed_ms(),
-        "task_ms": a.metrics.elapsed_ms,
-        "rows": a.metrics.rows,
-        "shuffled_bytes": a.metrics.shuffled_bytes,
-        "spilled_bytes": a.metrics.spilled_bytes,
         "error": a.error,
-    })
+    });
+    with_metrics(attempt, &a.metrics)
 }
 
 async fn records(sessions: &Sessions) -> std::result::Result<Vec<JobRecord>, Reply> {
@@ -217,11 +229,17 @@ async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Repl
         return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
     };
     let mut body = job_json(record);
-    body["stage_details"] = stage_summaries(&record.stage_tasks, &record.attempts)
+    let summaries = stage_summaries(&record.stage_tasks, &record.attempts);
+    body["stage_details"] = summaries
         .iter()
         .enumerate()
         .map(|(stage, s)| stage_json(stage, s))
         .collect();
+    let totals = summaries.iter().fold(TaskMetrics::default(), |mut sum, s| {
+        sum.add(&s.totals);
+        sum
+    });
+    body["totals"] = with_metrics(json!({}), &totals);
     body["attempts"] = record.attempts.iter().map(attempt_json).collect();
     body["graph"] = record
         .stage_tasks

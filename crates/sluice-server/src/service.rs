@@ -187,16 +187,24 @@ impl SluiceFlightSql {
 
 /// Each worker of `state` as JSON (the `sluice.state` action's and the REST API's shape).
 pub(crate) fn workers_json(state: &sluice_runtime::runner::ClusterState) -> Vec<serde_json::Value> {
+    let driver = &state.driver;
     state
         .workers
         .iter()
         .map(|w| {
+            // The driver's view of the worker (absent for the driver's own executor).
+            let at = driver.worker_addresses.iter().position(|a| *a == w.address);
+            let of = |values: &[usize]| at.and_then(|i| values.get(i).copied());
             serde_json::json!({
                 "address": w.address,
+                "slots": of(&driver.worker_slots),
+                "busy_slots": of(&driver.busy_slots),
+                "last_heartbeat_ms_ago": at.and_then(|i| driver.worker_heartbeat_age_ms.get(i)),
                 "running_tasks": w.running_tasks,
                 "live_attempts": w.live_attempts,
                 "stream_outputs": w.stream_outputs,
                 "memory_used": w.memory_used,
+                "memory_limit": w.memory_limit,
             })
         })
         .collect()

@@ -11,11 +11,10 @@
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion_common::Result;
-use datafusion_common::utils::memory::get_record_batch_memory_size;
 
 use crate::builders::ChannelBuilders;
 use crate::coalesce::ChannelCoalescers;
-use crate::metrics::ShuffleMetrics;
+use crate::metrics::{ShuffleMetrics, batch_data_bytes};
 use crate::partitioner::{Assignment, Partitioner, RoutingScheme};
 
 enum Collector {
@@ -146,8 +145,11 @@ impl ShuffleKernel {
         if let Some(rows) = self.metrics.rows_per_channel.get(channel) {
             rows.add(batch.num_rows());
         }
+        if let Some(batches) = self.metrics.batches_per_channel.get(channel) {
+            batches.add(1);
+        }
         if let Some(bytes) = self.metrics.bytes_per_channel.get(channel) {
-            bytes.add(get_record_batch_memory_size(&batch));
+            bytes.add(batch_data_bytes(&batch));
         }
         Some((channel, batch))
     }

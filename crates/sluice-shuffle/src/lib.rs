@@ -35,7 +35,7 @@ pub use builders::ChannelBuilders;
 pub use channels::{ChannelReceiver, ChannelSender, channel_set};
 pub use coalesce::ChannelCoalescers;
 pub use kernel::{KernelOptions, ShuffleKernel};
-pub use metrics::ShuffleMetrics;
+pub use metrics::{ShuffleMetrics, batch_data_bytes};
 pub use modulo::FastModulo;
 pub use partitioner::{Partitioner, RoutedBatch, RoutingScheme, RoutingTimes};
 pub use replay::{ReplayReader, ReplayableOutput, Residence};

@@ -16,9 +16,10 @@ use sluice_cluster::{ClusterOptions, ClusterSnapshot, LocalClusterRunner};
 use sluice_engine::session::collect_stream;
 use sluice_engine::{ExecutionMode, SluiceSession, SluiceStatement};
 use sluice_planner::AttemptKey;
+use sluice_runtime::analyze::TaskMetrics;
 use sluice_runtime::runner::LocalGraphOptions;
 use sluice_runtime::worker::FaultHook;
-use sluice_runtime::{LocalGraphRunner, WorkerOptions};
+use sluice_runtime::{JobRunner, LocalGraphRunner, WorkerOptions, stage_summaries};
 use sluice_tpch::answers::format_rows;
 use sluice_tpch::bench::run_tpch_query;
 use sluice_tpch::queries::tpch_query;
@@ -535,4 +536,81 @@ async fn explain_analyze_shows_every_stage_with_its_metrics() {
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
     let graph = session(ExecutionMode::LocalGraph, &[]).await;
     assert_explain_analyze_shows_every_stage(&graph).await;
+}
+
+/// Every task's structured metrics, read from the driver's records: rows and batches leave a stage
+/// as many as its readers take in, bytes read (local plus over Flight) are the bytes written, the
+/// scans read every row of the table once, and an aggregating task's memory peak is measured.
+async fn task_metrics_balance_on(mode: ExecutionMode, runner: Arc<dyn JobRunner>) {
+    let session = tpch_session(mode, &[], Arc::clone(&runner)).await;
+    // Each stage boundary here is read once per row (no broadcast), so the sums must meet.
+    let sql = "select n_regionkey, count(*) from nation group by n_regionkey order by 1";
+    let rows = rows_of(&session, sql).await;
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    let driver = runner.driver().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let jobs = driver.jobs().await.unwrap();
+        let newest = jobs.into_iter().max_by_key(|j| j.job);
+        if let Some(job) = newest.filter(|j| j.ended_ms.is_some() && !j.attempts.is_empty()) {
+            break job;
+        }
+        assert!(Instant::now() < deadline, "the job never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    let last = summaries.len() - 1;
+    assert!(last >= 1, "{:?}", job.stage_inputs);
+    for (stage, inputs) in job.stage_inputs.iter().enumerate() {
+        if inputs.is_empty() {
+            continue;
+        }
+        assert!(
+            inputs.iter().all(|(_, mode)| *mode != "Broadcast"),
+            "{inputs:?}"
+        );
+        let read = &summaries[stage].totals;
+        let written = inputs
+            .iter()
+            .fold(TaskMetrics::default(), |mut sum, (i, _)| {
+                sum.add(&summaries[*i].totals);
+                sum
+            });
+        assert_eq!(
+            (read.input_rows, read.input_batches),
+            (written.rows, written.batches),
+            "stage {stage} of {mode:?}"
+        );
+        assert_eq!(
+            read.read_local_bytes + read.read_remote_bytes,
+            written.shuffled_bytes,
+            "stage {stage} of {mode:?}"
+        );
+        assert!(written.shuffled_bytes > 0, "stage {stage} of {mode:?}");
+    }
+    let scanned: u64 = summaries.iter().map(|s| s.totals.scanned_rows).sum();
+    assert_eq!(scanned, 25, "nation's rows, each scanned once");
+    // The final stage writes the answer's 5 rows to the job output.
+    assert_eq!(summaries[last].totals.rows, 5);
+    // Aggregating stages reserve memory for their hash tables.
+    let peak = summaries.iter().map(|s| s.totals.peak_memory_bytes).max();
+    assert!(peak > Some(0), "{summaries:?}");
+    // Every attempt succeeded once: the job's totals are the stages' sums.
+    assert!(job.attempts.iter().all(|a| a.state.name() == "succeeded"));
+    let remote: u64 = summaries.iter().map(|s| s.totals.read_remote_bytes).sum();
+    if mode == ExecutionMode::LocalGraph {
+        assert_eq!(remote, 0, "one in-process worker reads nothing over Flight");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_metrics_balance_between_stages_in_local_graph_mode() {
+    let runner: Arc<dyn JobRunner> = Arc::new(LocalGraphRunner::default());
+    task_metrics_balance_on(ExecutionMode::LocalGraph, runner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_metrics_balance_between_stages_on_a_two_worker_cluster() {
+    let runner: Arc<dyn JobRunner> = Arc::new(cluster_runner(2, None));
+    task_metrics_balance_on(ExecutionMode::LocalCluster, runner).await;
 }

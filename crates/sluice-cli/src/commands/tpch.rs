@@ -7,6 +7,7 @@ use std::time::Instant;
 use clap::{Args, Subcommand};
 use sluice_engine::config::Sourced;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError, SluiceSession};
+use sluice_runtime::analyze::human_bytes;
 use sluice_tpch::bench::{
     BenchEvent, BenchOptions, BenchReport, QueryReport, QueryTarget, open_tpch_data, run_benchmark,
 };
@@ -323,22 +324,6 @@ pub fn run_and_report(
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// `bytes` with a binary unit, e.g. `1.5 GiB`.
-fn human_bytes(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
 }
 
 /// Per query that needed it, and in total, what recovering from failures took (nothing when no

@@ -24,7 +24,7 @@ use sluice_planner::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::attempts::TaskRecordState;
+use super::attempts::{AttemptLog, TaskRecordState};
 use super::definitions::task_definition;
 use super::history::JobHistory;
 use super::job::{JobEntry, JobPhase};
@@ -221,6 +221,19 @@ impl DriverActor {
                         .values()
                         .map(|w| w.registration.address.clone())
                         .collect(),
+                    worker_slots: self
+                        .workers
+                        .values()
+                        .map(|w| w.registration.slots)
+                        .collect(),
+                    worker_heartbeat_age_ms: self
+                        .workers
+                        .values()
+                        .map(|w| {
+                            u64::try_from(w.last_heartbeat.elapsed().as_millis())
+                                .unwrap_or(u64::MAX)
+                        })
+                        .collect(),
                     waiting_regions: self.waiting.len(),
                     counters: self.counters,
                 });
@@ -386,8 +399,8 @@ impl DriverActor {
                 output,
                 phase: JobPhase::Running,
                 label,
+                attempts: AttemptLog::new(job, record.label.as_deref()),
                 record,
-                attempts: Default::default(),
             },
         );
         let _ = reply.send(Ok(job));
@@ -487,6 +500,8 @@ impl DriverActor {
         };
         self.counters.spilled_bytes += metrics.spilled_bytes;
         self.counters.shuffled_bytes += metrics.shuffled_bytes;
+        self.counters.read_local_bytes += metrics.read_local_bytes;
+        self.counters.read_remote_bytes += metrics.read_remote_bytes;
         entry.metrics.insert(attempt, metrics);
         entry.succeeded.insert(attempt.task, attempt.attempt);
         let stage_id = attempt.task.stage;
@@ -1033,6 +1048,9 @@ impl DriverActor {
     fn clean_up(&mut self, job: JobId) {
         if let Some(mut entry) = self.jobs.remove(&job) {
             entry.attempts.cancel_running();
+            entry
+                .attempts
+                .job_ended(entry.record.state.name(), entry.record.error.as_deref());
             let mut record = entry.record;
             record.retries = entry.retries;
             record.tasks_done = entry.succeeded.len();

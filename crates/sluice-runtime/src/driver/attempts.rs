@@ -16,11 +16,13 @@
 
 use std::collections::HashMap;
 
-use sluice_planner::{TaskAttempt, WorkerId};
+use sluice_planner::{JobId, TaskAttempt, WorkerId};
 
+use super::JobLabel;
 use super::history::now_ms;
+use super::spans::JobSpans;
 use super::telemetry;
-use crate::analyze::TaskMetrics;
+use crate::analyze::{TaskMetrics, median};
 
 /// Where a task attempt is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,12 +94,9 @@ pub struct StageSummary {
     pub succeeded: usize,
     /// Attempts running now.
     pub running: usize,
-    /// Rows its tasks wrote to their outputs.
-    pub rows: u64,
-    /// Bytes its tasks wrote to their output channels.
-    pub shuffled_bytes: u64,
-    /// Bytes its tasks spilled.
-    pub spilled_bytes: u64,
+    /// Its succeeded tasks' metrics summed (`elapsed_ms`: task time summed; `peak_memory_bytes`:
+    /// the largest task's peak; no plan).
+    pub totals: TaskMetrics,
     /// Median and largest task time (ms), once a task succeeded.
     pub task_ms: Option<(u64, u64)>,
     /// Median and largest rows per task, once a task succeeded (skew: max / median).
@@ -134,9 +133,10 @@ pub fn stage_summaries(stage_tasks: &[usize], attempts: &[TaskRecord]) -> Vec<St
                     .iter()
                     .filter(|a| a.state == TaskRecordState::Running)
                     .count(),
-                rows: last.values().map(|m| m.rows).sum(),
-                shuffled_bytes: last.values().map(|m| m.shuffled_bytes).sum(),
-                spilled_bytes: last.values().map(|m| m.spilled_bytes).sum(),
+                totals: last.values().fold(TaskMetrics::default(), |mut sum, m| {
+                    sum.add(m);
+                    sum
+                }),
                 task_ms: spread(|m| m.elapsed_ms),
                 task_rows: spread(|m| m.rows),
             }
@@ -144,26 +144,31 @@ pub fn stage_summaries(stage_tasks: &[usize], attempts: &[TaskRecord]) -> Vec<St
         .collect()
 }
 
-/// The median of `sorted` (ascending; the mean of the middle two of an even count).
-fn median(sorted: &[u64]) -> Option<u64> {
-    let upper = *sorted.get(sorted.len() / 2)?;
-    if sorted.len() % 2 == 1 {
-        return Some(upper);
-    }
-    let lower = *sorted.get(sorted.len() / 2 - 1)?;
-    Some(lower + (upper - lower) / 2)
-}
-
-/// A job's task attempts, in the order they were placed.
+/// A job's task attempts, in the order they were placed, and their tracing spans.
 #[derive(Debug, Default)]
 pub(crate) struct AttemptLog {
     records: Vec<TaskRecord>,
     index: HashMap<TaskAttempt, usize>,
+    spans: JobSpans,
 }
 
 impl AttemptLog {
+    /// The log of `job`, opening its span.
+    pub fn new(job: JobId, label: Option<&JobLabel>) -> Self {
+        Self {
+            spans: JobSpans::new(job, label),
+            ..Self::default()
+        }
+    }
+
+    /// The job ended in `state`: its spans close (its attempts ended before).
+    pub fn job_ended(&mut self, state: &str, error: Option<&str>) {
+        self.spans.job_ended(state, error);
+    }
+
     /// `attempt` was placed now on `worker` at `address`.
     pub fn placed(&mut self, attempt: TaskAttempt, worker: Option<WorkerId>, address: String) {
+        self.spans.placed(attempt, &address);
         let record = TaskRecord {
             attempt,
             worker,
@@ -208,6 +213,8 @@ impl AttemptLog {
             record.metrics = metrics;
         }
         telemetry::task_ended(record);
+        self.spans
+            .ended(attempt, state.name(), record.error.as_deref());
     }
 
     /// Every attempt still running ends `cancelled` (its job ended).
@@ -304,21 +311,16 @@ mod tests {
     }
 
     #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[7]), Some(7));
-        assert_eq!(median(&[0, 5]), Some(2));
-        assert_eq!(median(&[1, 2, 4, 9]), Some(3));
-        assert_eq!(median(&[1, 2, 9]), Some(2));
-    }
-
-    #[test]
     fn a_stage_sums_each_tasks_last_success_and_shows_its_spread() {
         let mut log = AttemptLog::default();
         let done = |rows: u64, elapsed_ms: u64| TaskMetrics {
             rows,
             elapsed_ms,
             shuffled_bytes: rows * 10,
+            input_rows: rows * 2,
+            read_remote_bytes: 1,
+            spill_count: u64::from(rows > 4),
+            peak_memory_bytes: elapsed_ms * 100,
             ..TaskMetrics::default()
         };
         for (partition, try_, rows, ms) in
@@ -342,9 +344,17 @@ mod tests {
                     attempts: 5,
                     succeeded: 3,
                     running: 1,
-                    rows: 14,
-                    shuffled_bytes: 140,
-                    spilled_bytes: 0,
+                    // Partition 0's last success (4 rows in 30 ms), 1 and 2; peak: the largest.
+                    totals: TaskMetrics {
+                        rows: 14,
+                        shuffled_bytes: 140,
+                        input_rows: 28,
+                        read_remote_bytes: 3,
+                        spill_count: 1,
+                        elapsed_ms: 130,
+                        peak_memory_bytes: 9000,
+                        ..TaskMetrics::default()
+                    },
                     task_ms: Some((30, 90)),
                     task_rows: Some((4, 9)),
                 },

@@ -31,6 +31,7 @@ mod placement;
 mod progress;
 mod resume;
 mod shipping;
+mod spans;
 pub mod telemetry;
 #[cfg(test)]
 mod tests;
@@ -124,6 +125,10 @@ pub struct DriverSnapshot {
     pub busy_slots: Vec<usize>,
     /// Per worker (the order of `busy_slots`), the address it registered.
     pub worker_addresses: Vec<String>,
+    /// Per worker (the same order), its task slots.
+    pub worker_slots: Vec<usize>,
+    /// Per worker (the same order), milliseconds since its last heartbeat.
+    pub worker_heartbeat_age_ms: Vec<u64>,
     /// Regions waiting for slots.
     pub waiting_regions: usize,
     /// What the jobs did so far (retries, spilled and shuffled bytes).
@@ -146,6 +151,10 @@ pub struct DriverCounters {
     pub spilled_bytes: u64,
     /// Bytes written to shuffle channels by the attempts whose output was used.
     pub shuffled_bytes: u64,
+    /// Bytes those attempts read from earlier stages on their own worker.
+    pub read_local_bytes: u64,
+    /// Bytes those attempts read from earlier stages on other workers (Arrow Flight).
+    pub read_remote_bytes: u64,
 }
 
 impl DriverCounters {
@@ -158,6 +167,12 @@ impl DriverCounters {
             tasks_started: self.tasks_started.saturating_sub(earlier.tasks_started),
             spilled_bytes: self.spilled_bytes.saturating_sub(earlier.spilled_bytes),
             shuffled_bytes: self.shuffled_bytes.saturating_sub(earlier.shuffled_bytes),
+            read_local_bytes: self
+                .read_local_bytes
+                .saturating_sub(earlier.read_local_bytes),
+            read_remote_bytes: self
+                .read_remote_bytes
+                .saturating_sub(earlier.read_remote_bytes),
         }
     }
 }

@@ -45,6 +45,9 @@ pub const WORKERS_LOST_TOTAL: &str = "sluice_workers_lost_total";
 pub const SHUFFLE_BYTES_TOTAL: &str = "sluice_shuffle_bytes_total";
 /// Spilled bytes.
 pub const SPILL_BYTES_TOTAL: &str = "sluice_spill_bytes_total";
+/// Bytes tasks read from earlier stages, by `via`: `local` (their own worker's store) or `flight`
+/// (another worker, over Arrow Flight).
+pub const SHUFFLE_READ_BYTES_TOTAL: &str = "sluice_shuffle_read_bytes_total";
 /// Running jobs (a gauge set at scrape time).
 pub const JOBS_RUNNING: &str = "sluice_jobs_running";
 /// Running task attempts (a gauge set at scrape time).
@@ -87,6 +90,11 @@ pub fn describe() {
         SPILL_BYTES_TOTAL,
         Unit::Bytes,
         "Bytes succeeded task attempts spilled to disk"
+    );
+    describe_counter!(
+        SHUFFLE_READ_BYTES_TOTAL,
+        Unit::Bytes,
+        "Bytes succeeded task attempts read from earlier stages, by via (local store or Flight)"
     );
     describe_gauge!(JOBS_RUNNING, "Jobs running now");
     describe_gauge!(TASKS_RUNNING, "Task attempts holding a slot now");

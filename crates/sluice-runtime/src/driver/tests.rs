@@ -317,11 +317,9 @@ impl Harness {
             attempt,
             2,
             TaskState::Succeeded(TaskMetrics {
-                spilled_bytes: 0,
-                shuffled_bytes: 0,
                 rows,
                 elapsed_ms: 1,
-                plan: String::new(),
+                ..TaskMetrics::default()
             }),
         );
     }
@@ -392,11 +390,9 @@ async fn a_region_retried_after_a_failure_in_its_middle_returns_only_the_new_att
         key(1, 1, 1, 0),
         2,
         TaskState::Succeeded(TaskMetrics {
-            spilled_bytes: 0,
-            shuffled_bytes: 0,
             rows: 999,
             elapsed_ms: 1,
-            plan: String::new(),
+            ..TaskMetrics::default()
         }),
     );
     assert_eq!(h.snapshot().await.busy_slots, [4]);

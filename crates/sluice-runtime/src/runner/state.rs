@@ -21,6 +21,8 @@ pub struct WorkerState {
     pub stream_outputs: usize,
     /// Bytes its memory pool has handed out.
     pub memory_used: usize,
+    /// Its memory pool's limit (`None`: unlimited).
+    pub memory_limit: Option<usize>,
 }
 
 impl WorkerState {
@@ -33,6 +35,7 @@ impl WorkerState {
             live_attempts: worker.live_attempts(),
             stream_outputs: store.outputs,
             memory_used: worker.memory_used(),
+            memory_limit: worker.memory_limit(),
         }
     }
 }

@@ -12,7 +12,9 @@
 //! worker then reports `Canceled` and aborts this future, which drops the task's stream and with it
 //! its readers and writer); the plan is executed inside the attempt's future, so operators that
 //! spawn do so on the task runtime. A succeeded attempt's report carries the rows it wrote, its wall
-//! time and (for `EXPLAIN ANALYZE`) its plan with metrics.
+//! time, what it read (batches, rows, local and remote bytes), its compute time, spills and peak
+//! memory (its operators' reservations, measured by its view of the worker's pool) and (for
+//! `EXPLAIN ANALYZE`) its plan with metrics.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -20,6 +22,7 @@ use std::time::Instant;
 
 use datafusion::common::Result;
 use datafusion::execution::TaskContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use futures::StreamExt;
@@ -31,7 +34,7 @@ use crate::analyze::{TaskMetrics, executed_task};
 use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
 use crate::error::RemoteError;
-use crate::memory::capped;
+use crate::memory::task_pool;
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
@@ -49,9 +52,19 @@ pub(super) async fn run_attempt(
     let state = match execute(&shared, definition).await {
         Ok(mut metrics) => {
             metrics.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tracing::debug!(
+                target: "sluice::worker",
+                rows = metrics.rows,
+                elapsed_ms = metrics.elapsed_ms,
+                peak_memory_bytes = metrics.peak_memory_bytes,
+                "task attempt succeeded"
+            );
             TaskState::Succeeded(metrics)
         }
-        Err(error) => TaskState::Failed(RemoteError::of(&error)),
+        Err(error) => {
+            tracing::info!(target: "sluice::worker", %error, "task attempt failed");
+            TaskState::Failed(RemoteError::of(&error))
+        }
     };
     if shared.finish(key, &finished) {
         shared.report(report(&shared, key, 2, state)).await;
@@ -83,13 +96,36 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
         )));
     }
     let with_plan = definition.report_plan_metrics;
-    let (plan, context): (Arc<dyn ExecutionPlan>, Arc<TaskContext>) = match &definition.plan {
-        StagePlan::InMemory { plan, context } => (Arc::clone(plan), Arc::clone(context)),
-        StagePlan::Encoded(bytes) => {
-            let context = task_context(shared, &definition)?;
-            (decode_stage_plan(bytes, &context)?, context)
+    // Every task of the worker draws on the worker's one pool (and its disk for spills) through a
+    // view of its own: it measures the task's peak and, if the session set a memory limit per
+    // task, holds the task to it.
+    let cap = definition
+        .memory_limit
+        .map(|cap| usize::try_from(cap).unwrap_or(usize::MAX));
+    let (plan, context, memory) = match &definition.plan {
+        StagePlan::InMemory { plan, context } => {
+            let (runtime, memory) = task_pool(&context.runtime_env(), cap);
+            let context = TaskContext::new(
+                context.task_id(),
+                context.session_id(),
+                context.session_config().clone(),
+                context.scalar_functions().clone(),
+                context.higher_order_functions().clone(),
+                context.aggregate_functions().clone(),
+                context.window_functions().clone(),
+                runtime,
+            );
+            (Arc::clone(plan), Arc::new(context), memory)
         }
-        StagePlan::Decoded(plan) => (Arc::clone(plan), task_context(shared, &definition)?),
+        StagePlan::Encoded(_) | StagePlan::Decoded(_) => {
+            let (runtime, memory) = task_pool(&shared.template.runtime_env(), cap);
+            let context = task_context(shared, &definition, runtime)?;
+            let plan: Arc<dyn ExecutionPlan> = match &definition.plan {
+                StagePlan::Encoded(bytes) => decode_stage_plan(bytes, &context)?,
+                StagePlan::Decoded(plan) | StagePlan::InMemory { plan, .. } => Arc::clone(plan),
+            };
+            (plan, context, memory)
+        }
     };
     let streams = Arc::new(AttemptStreams::try_new(shared, &definition, &plan)?);
     let inputs = streams.inputs().to_vec();
@@ -106,30 +142,27 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
         batch?;
     }
     // The wall time is measured by the caller, around the whole attempt.
-    let mut metrics = executed_task(&task_plan, 0, with_plan);
-    metrics.spilled_bytes += streams.output_spilled_bytes();
+    let mut metrics = executed_task(&task_plan, with_plan);
+    let output_spilled = streams.output_spilled_bytes();
+    metrics.spilled_bytes += output_spilled;
+    metrics.spill_count += u64::from(output_spilled > 0);
+    streams.read().add_to(&mut metrics);
+    metrics.peak_memory_bytes = memory.peak() as u64;
     Ok(metrics)
 }
 
 /// The task context of a decoded attempt: the session's settings with the distributed ones on top,
-/// and the worker's function registry.
-fn task_context(shared: &WorkerShared, definition: &TaskDefinition) -> Result<Arc<TaskContext>> {
+/// the worker's function registry, and `runtime` (the worker's, through the task's memory view).
+fn task_context(
+    shared: &WorkerShared,
+    definition: &TaskDefinition,
+    runtime: Arc<RuntimeEnv>,
+) -> Result<Arc<TaskContext>> {
     let mut config = SessionConfig::from_string_hash_map(&definition.config)?;
     for (name, value) in sluice_planner::DISTRIBUTED_SETTINGS {
         config.options_mut().set(name, value)?;
     }
     let template = &shared.template;
-    // Every task of the worker draws on the worker's one pool (and its disk for spills); a session
-    // that set a memory limit of its own also holds each of its tasks to it.
-    let worker_runtime = template.runtime_env();
-    let runtime = match definition.memory_limit {
-        Some(cap) => capped(
-            &worker_runtime,
-            usize::try_from(cap).unwrap_or(usize::MAX),
-            "the session's memory limit per task",
-        ),
-        None => worker_runtime,
-    };
     Ok(Arc::new(TaskContext::new(
         Some(definition.attempt.to_string()),
         format!("job-{}", definition.attempt.job),

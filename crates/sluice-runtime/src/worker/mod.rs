@@ -221,7 +221,19 @@ impl Worker {
                 },
             );
         }
-        let attempt = attempt::run_attempt(Arc::clone(&self.shared), definition, finished);
+        let span = tracing::info_span!(
+            target: "sluice::worker",
+            "task attempt",
+            worker = self.shared.name.as_str(),
+            job = key.job.0,
+            stage = key.stage.0,
+            partition = key.partition,
+            attempt = key.attempt,
+        );
+        let attempt = tracing::Instrument::instrument(
+            attempt::run_attempt(Arc::clone(&self.shared), definition, finished),
+            span,
+        );
         let abort = {
             let mut attempts = self.attempts_lock()?;
             // Reap finished attempts so the set holds only live ones.
@@ -300,6 +312,20 @@ impl Worker {
     /// Bytes its memory pool has handed out now.
     pub fn memory_used(&self) -> usize {
         self.shared.template.runtime_env().memory_pool.reserved()
+    }
+
+    /// Its memory pool's limit (`None`: unlimited).
+    pub fn memory_limit(&self) -> Option<usize> {
+        match self
+            .shared
+            .template
+            .runtime_env()
+            .memory_pool
+            .memory_limit()
+        {
+            datafusion::execution::memory_pool::MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        }
     }
 
     /// Attempts running (neither finished nor stopped), and what the store holds.

@@ -1,9 +1,11 @@
 //! The streams of one task attempt: its inputs' locators, read from this worker's store when the
 //! stream is here (no serialization) and through the worker's `StreamFetcher` otherwise, and its
-//! output in this worker's store.
+//! output in this worker's store. Every input stream is counted on its way in ([`ReadCounters`]:
+//! batches, rows, and data bytes read locally or remotely) for the attempt's report.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -11,9 +13,13 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::Count;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::StreamExt;
 use sluice_planner::{AttemptKey, InputKey, OutputMode, StageId, StageInputExec};
+use sluice_shuffle::batch_data_bytes;
 
 use super::WorkerShared;
+use crate::analyze::TaskMetrics;
 use crate::definition::{StreamLocator, TaskDefinition};
 use crate::stream_store::{StreamStore, TaskSender, TaskStreams};
 use crate::task::TaskInput;
@@ -35,6 +41,57 @@ pub(super) struct AttemptStreams {
     fetcher: Arc<dyn StreamFetcher>,
     /// What the store spilled of this attempt's output, once the writer took its sender.
     output_spilled: std::sync::Mutex<Option<Count>>,
+    /// What its inputs delivered so far.
+    read: Arc<ReadCounters>,
+}
+
+/// What an attempt's input streams delivered.
+#[derive(Debug, Default)]
+pub(super) struct ReadCounters {
+    batches: AtomicU64,
+    rows: AtomicU64,
+    local_bytes: AtomicU64,
+    remote_bytes: AtomicU64,
+}
+
+impl ReadCounters {
+    fn count(&self, batch: &datafusion::arrow::array::RecordBatch, remote: bool) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.rows
+            .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+        let bytes = if remote {
+            &self.remote_bytes
+        } else {
+            &self.local_bytes
+        };
+        bytes.fetch_add(batch_data_bytes(batch) as u64, Ordering::Relaxed);
+    }
+
+    /// Adds what was read to `metrics`.
+    pub(super) fn add_to(&self, metrics: &mut TaskMetrics) {
+        metrics.input_batches += self.batches.load(Ordering::Relaxed);
+        metrics.input_rows += self.rows.load(Ordering::Relaxed);
+        metrics.read_local_bytes += self.local_bytes.load(Ordering::Relaxed);
+        metrics.read_remote_bytes += self.remote_bytes.load(Ordering::Relaxed);
+    }
+}
+
+/// `stream`, counting each batch it delivers into `counters`.
+fn counted(
+    stream: SendableRecordBatchStream,
+    counters: &Arc<ReadCounters>,
+    remote: bool,
+) -> SendableRecordBatchStream {
+    let counters = Arc::clone(counters);
+    let schema = stream.schema();
+    Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        stream.inspect(move |batch| {
+            if let Ok(batch) = batch {
+                counters.count(batch, remote);
+            }
+        }),
+    ))
 }
 
 impl std::fmt::Debug for AttemptStreams {
@@ -108,7 +165,13 @@ impl AttemptStreams {
             store: Arc::clone(&shared.store),
             fetcher: Arc::clone(&shared.fetcher),
             output_spilled: std::sync::Mutex::new(None),
+            read: Arc::default(),
         })
+    }
+
+    /// What its inputs delivered so far.
+    pub fn read(&self) -> &ReadCounters {
+        &self.read
     }
 
     /// What each stage input reads, by input index.
@@ -129,9 +192,11 @@ impl TaskStreams for AttemptStreams {
             DataFusionError::Internal(format!("{}: no schema for stage {stage}", self.key))
         })?;
         if locator.address == self.own_address {
-            return Ok(self.store.take_stream(locator.stream, schema));
+            let stream = self.store.take_stream(locator.stream, schema);
+            return Ok(counted(stream, &self.read, false));
         }
-        Ok(self.fetcher.fetch(&locator.address, locator.stream, schema))
+        let stream = self.fetcher.fetch(&locator.address, locator.stream, schema);
+        Ok(counted(stream, &self.read, true))
     }
 
     fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender> {

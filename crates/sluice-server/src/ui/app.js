@@ -167,7 +167,7 @@ function timeline(job) {
     const x = scale(a.started_ms), w = Math.max(2, scale(finish) - x);
     return `<rect class="attempt ${a.state}" data-stage="${a.stage}" data-partition="${a.partition}"
       data-attempt="${a.attempt}" x="${x}" y="${laneY(lane) + row * bar}" width="${w}" height="${bar - 1}">
-      <title>stage ${a.stage} partition ${a.partition} attempt ${a.attempt}: ${a.state}, ${ms(a.task_ms)}, ${a.rows} rows${a.error ? "\n" + esc(a.error) : ""}</title></rect>`;
+      <title>stage ${a.stage} partition ${a.partition} attempt ${a.attempt}: ${a.state}, ${ms(a.task_ms)} (compute ${ms(a.compute_ms)}), ${a.input_rows} rows in, ${a.rows} rows out, read ${bytes(a.read_local_bytes)} local + ${bytes(a.read_remote_bytes)} over Flight, peak memory ${bytes(a.peak_memory_bytes)}${a.spill_count ? ", " + a.spill_count + " spills" : ""}${a.error ? "\n" + esc(a.error) : ""}</title></rect>`;
   }).join("");
   const height = 30 + total * bar + lanes.length * 8;
   return `<svg class="timeline" width="${WIDTH}" height="${height}">
@@ -182,14 +182,16 @@ function skew(job) {
     const width = ratio ? Math.min(200, 40 * ratio) : 0;
     return `<tr data-stage="${s.stage}"><td class="num">${s.stage}</td><td class="num">${s.succeeded}/${s.tasks}</td>
       <td class="num">${s.attempts}</td><td class="num">${s.rows}</td><td class="num">${bytes(s.shuffled_bytes)}</td>
-      <td class="num">${bytes(s.spilled_bytes)}</td><td class="num">${ms(s.task_ms_median)}</td>
+      <td class="num">${bytes(s.spilled_bytes)}</td><td class="num">${bytes(s.read_remote_bytes)}</td>
+      <td class="num">${bytes(s.peak_memory_bytes)}</td><td class="num">${ms(s.task_ms_median)}</td>
       <td class="num">${ms(s.task_ms_max)}</td><td class="num">${s.task_rows_median ?? ""}</td>
       <td class="num">${s.task_rows_max ?? ""}</td>
       <td><svg width="210" height="12" style="border:0"><rect x="0" y="2" width="${width}" height="8"
         fill="${ratio > 2 ? "#cf222e" : "#1f6feb"}"/></svg> ${ratio ? ratio.toFixed(2) : ""}</td></tr>`;
   }).join("");
   return `<table id="skew"><thead><tr><th class="num">stage</th><th class="num">tasks</th><th class="num">attempts</th>
-    <th class="num">rows</th><th class="num">shuffled</th><th class="num">spilled</th><th class="num">task time median</th>
+    <th class="num">rows</th><th class="num">shuffled</th><th class="num">spilled</th><th class="num">read over Flight</th>
+    <th class="num">peak memory (task)</th><th class="num">task time median</th>
     <th class="num">max</th><th class="num">rows median</th><th class="num">max</th><th>time skew (max / median)</th></tr></thead>
     <tbody>${rows}</tbody></table>`;
 }
@@ -197,10 +199,15 @@ function skew(job) {
 async function showWorkers() {
   const workers = await get("/api/v1/workers");
   const rows = workers.map((w) => `<tr class="worker"><td>${esc(w.address)}</td>
+    <td class="num">${w.slots ?? ""}</td><td class="num">${w.busy_slots ?? ""}</td>
     <td class="num">${w.running_tasks}</td><td class="num">${w.live_attempts}</td>
-    <td class="num">${w.stream_outputs}</td><td class="num">${bytes(w.memory_used)}</td></tr>`).join("");
-  main.innerHTML = `<h1>Workers</h1><table id="workers"><thead><tr><th>address</th><th class="num">running tasks</th>
-    <th class="num">live attempts</th><th class="num">stream outputs</th><th class="num">memory used</th></tr></thead>
+    <td class="num">${w.stream_outputs}</td><td class="num">${bytes(w.memory_used)}</td>
+    <td class="num">${w.memory_limit == null ? "unlimited" : bytes(w.memory_limit)}</td>
+    <td class="num">${w.last_heartbeat_ms_ago == null ? "" : ms(w.last_heartbeat_ms_ago) + " ago"}</td></tr>`).join("");
+  main.innerHTML = `<h1>Workers</h1><table id="workers"><thead><tr><th>address</th><th class="num">slots</th>
+    <th class="num">busy</th><th class="num">running tasks</th>
+    <th class="num">live attempts</th><th class="num">stream outputs</th><th class="num">memory used</th>
+    <th class="num">memory limit</th><th class="num">last heartbeat</th></tr></thead>
     <tbody>${rows}</tbody></table>`;
   return true;
 }

@@ -1,0 +1,13 @@
+-- TPC-H q18 (large volume customer), as EXPLAIN ANALYZE shows it: per stage, rows and time per task
+-- with their skew, totals, the slowest task's plan; then the job's totals.
+EXPLAIN ANALYZE
+select c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity)
+from customer, orders, lineitem
+where o_orderkey in (
+        select l_orderkey from lineitem group by l_orderkey having sum(l_quantity) > 300
+    )
+    and c_custkey = o_custkey
+    and o_orderkey = l_orderkey
+group by c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice
+order by o_totalprice desc, o_orderdate
+limit 100;
