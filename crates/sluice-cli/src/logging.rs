@@ -1,7 +1,7 @@
 //! The process's log lines and trace export: one tracing subscriber, installed at start.
 //!
 //! ```text
-//!  driver spans (job ─► stage ─► task attempt) ──┐                 ┌─► stderr: text or JSON lines
+//!  driver spans (job ─► stage ─► task) ──────────┐                 ┌─► stderr: text or JSON lines
 //!  worker spans (task attempt) and events ───────┼─► subscriber ──┤   (filter: SLUICE_LOG)
 //!                                                │                 └─► OTLP/gRPC exporter (feature
 //!                                                                      `otlp`, --otlp-endpoint)

@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{sluice, tpch_dir};
 
@@ -120,8 +120,8 @@ fn redact_between(text: &str, start: &str, end: &str, replacement: &str) -> Stri
 }
 
 /// What may differ between two runs of the same case.
-fn redact(text: &str, case: &str) -> String {
-    let data = tpch_dir().display().to_string();
+fn redact_in(text: &str, case: &str, data: &Path) -> String {
+    let data = data.display().to_string();
     let mut text = text.replace(&data, "[DATA]");
     text = text.replace(data.trim_start_matches('/'), "[DATA]");
     // "4 rows in 0.012s"
@@ -145,6 +145,11 @@ fn redact(text: &str, case: &str) -> String {
 
 /// The output of `case` in `mode`: stdout, then stderr.
 fn run_case(case: &str, mode: &str) -> String {
+    run_case_in(case, mode, tpch_dir())
+}
+
+/// [`run_case`] over the data in `data`.
+fn run_case_in(case: &str, mode: &str, data: &Path) -> String {
     let mut command = sluice();
     command.args(["--mode", mode]);
     if case == "config" {
@@ -152,7 +157,7 @@ fn run_case(case: &str, mode: &str) -> String {
     } else {
         let file = golden_dir().join(format!("{case}.sql"));
         command.args(["sql", "--format", "csv", "--data"]);
-        command.arg(tpch_dir()).arg("-f").arg(file);
+        command.arg(data).arg("-f").arg(file);
     }
     let output = command.output().unwrap();
     let text = format!(
@@ -161,7 +166,7 @@ fn run_case(case: &str, mode: &str) -> String {
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stderr)
     );
-    redact(&text, case)
+    redact_in(&text, case, data)
 }
 
 fn cases() -> Vec<String> {
@@ -217,6 +222,29 @@ fn user_visible_text_matches_the_golden_files_in_every_mode() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// EXPLAIN ANALYZE of TPC-H q18 at SF 1 on a 4-worker local cluster against
+/// `tests/golden/sf1/explain_analyze_q18.local-cluster.out`: the per-stage rows, batches, skew of
+/// rows and totals at a scale where they mean something. Needs SF 1 data, so it runs on demand:
+/// `sluice tpch gen --scale 1 --out DIR`, then
+/// `SLUICE_TPCH_SF1=DIR cargo test --workspace --test golden -- --ignored` (`SLUICE_BLESS=1` too
+/// to rewrite the file).
+#[test]
+#[ignore = "needs TPC-H SF 1 data in SLUICE_TPCH_SF1"]
+fn explain_analyze_of_q18_at_sf1_matches_its_golden_file() {
+    let data = std::env::var_os("SLUICE_TPCH_SF1")
+        .map(PathBuf::from)
+        .expect("SLUICE_TPCH_SF1 names a directory of TPC-H SF 1 data (sluice tpch gen --scale 1)");
+    let output = run_case_in("explain_analyze_q18", "local-cluster", &data);
+    let golden = golden_dir().join("sf1/explain_analyze_q18.local-cluster.out");
+    if std::env::var_os("SLUICE_BLESS").is_some() {
+        std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        std::fs::write(&golden, &output).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&golden).unwrap();
+    assert_eq!(output, expected);
 }
 
 #[test]

@@ -376,13 +376,14 @@ pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskSt
 pub(crate) fn report_from_proto(report: &proto::TaskStatusReport) -> Result<TaskStatusReport> {
     let state = match proto::TaskState::try_from(report.state) {
         Ok(proto::TaskState::Running) => TaskState::Running,
-        Ok(proto::TaskState::Succeeded) => TaskState::Succeeded(
-            report
-                .metrics
-                .as_ref()
-                .map(metrics_from_proto)
-                .unwrap_or_default(),
-        ),
+        Ok(proto::TaskState::Succeeded) => match &report.metrics {
+            Some(metrics) => TaskState::Succeeded(metrics_from_proto(metrics)),
+            None => {
+                return Err(malformed(
+                    "task status report: a succeeded report without its metrics".to_string(),
+                ));
+            }
+        },
         Ok(proto::TaskState::Failed) => TaskState::Failed(match &report.error {
             Some(error) => error_from_proto(error),
             None => RemoteError::new(ErrorKind::Internal, "the task failed without an error"),
@@ -678,5 +679,12 @@ mod tests {
         };
         let back = report_from_proto(&report_to_proto(&report).unwrap()).unwrap();
         assert_eq!(back.state, TaskState::Succeeded(metrics));
+        let mut bare = report_to_proto(&report).unwrap();
+        bare.metrics = None;
+        let error = report_from_proto(&bare).unwrap_err().to_string();
+        assert!(
+            error.contains("a succeeded report without its metrics"),
+            "{error}"
+        );
     }
 }

@@ -1,11 +1,13 @@
+//! What a task attempt measured ([`TaskMetrics`], structured, travelling in its final report) and
 //! `EXPLAIN ANALYZE` across stages: the final stage's `AnalyzeExec` only sees its own stage, so the
-//! driver (in every distributed mode) adds one row per earlier stage, built from what
-//! its tasks reported.
+//! driver (in every distributed mode) adds one row per earlier stage, built from what its tasks
+//! reported, and a `Job` row of totals over every stage.
 //!
 //! ```text
-//!  task reports (rows, wall time, plan with metrics) ─► per stage: tasks, rows, median / max time,
-//!                                                        the slowest task's plan with its metrics
-//!  AnalyzeExec rows ("Plan with Metrics", …) ─► then "Stage 0", "Stage 1", … rows, same two columns
+//!  task reports (metrics, plan with metrics) ─► per stage: rows and time per task (min / median /
+//!                                               max, skew = max / median), totals, the slowest
+//!                                               task's plan with its metrics
+//!  AnalyzeExec rows ("Plan with Metrics", …) ─► then "Stage 0", "Stage 1", …, "Job", same columns
 //! ```
 //!
 //! Pure code: whoever runs the tasks collects their reports; whoever forwards the job output appends
@@ -82,18 +84,20 @@ impl TaskMetrics {
     /// Adds `other`'s counts and times to these (the peak memory is the larger of the two; the
     /// plan stays), as a stage's or job's totals sum its tasks.
     pub fn add(&mut self, other: &TaskMetrics) {
-        self.rows += other.rows;
-        self.batches += other.batches;
-        self.shuffled_bytes += other.shuffled_bytes;
-        self.input_rows += other.input_rows;
-        self.input_batches += other.input_batches;
-        self.read_local_bytes += other.read_local_bytes;
-        self.read_remote_bytes += other.read_remote_bytes;
-        self.scanned_rows += other.scanned_rows;
-        self.elapsed_ms += other.elapsed_ms;
-        self.compute_ms += other.compute_ms;
-        self.spill_count += other.spill_count;
-        self.spilled_bytes += other.spilled_bytes;
+        // Saturating: the values come from workers over the wire.
+        let sum = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        sum(&mut self.rows, other.rows);
+        sum(&mut self.batches, other.batches);
+        sum(&mut self.shuffled_bytes, other.shuffled_bytes);
+        sum(&mut self.input_rows, other.input_rows);
+        sum(&mut self.input_batches, other.input_batches);
+        sum(&mut self.read_local_bytes, other.read_local_bytes);
+        sum(&mut self.read_remote_bytes, other.read_remote_bytes);
+        sum(&mut self.scanned_rows, other.scanned_rows);
+        sum(&mut self.elapsed_ms, other.elapsed_ms);
+        sum(&mut self.compute_ms, other.compute_ms);
+        sum(&mut self.spill_count, other.spill_count);
+        sum(&mut self.spilled_bytes, other.spilled_bytes);
         self.peak_memory_bytes = self.peak_memory_bytes.max(other.peak_memory_bytes);
     }
 }
@@ -190,7 +194,7 @@ pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -
     reports.push(StageReport {
         title: "Job".to_string(),
         text: format!(
-            "{} stages, {} tasks\n{}\n",
+            "{} stages (the final one included), {} tasks\n{}\n",
             graph.stages().len(),
             metrics.len(),
             totals_text(&job)
@@ -223,16 +227,14 @@ fn stage_report(
     rows.sort_unstable();
     let sorted_times: Vec<u64> = times.iter().map(|(ms, _)| *ms).collect();
     let mut summary = format!("{partitions} tasks");
-    if let Some((rows, skew)) = spread(&rows, |n| n.to_string()) {
+    if let Some((rows, skew)) = spread(&rows, "") {
         summary.push_str(&format!("; rows per task {rows}"));
         if let Some(skew) = skew {
             summary.push_str(&format!(" (skew {skew})"));
         }
     }
     let slowest = times.last().map(|(_, partition)| *partition);
-    if let (Some((time, skew)), Some(slowest)) =
-        (spread(&sorted_times, |ms| format!("{ms} ms")), slowest)
-    {
+    if let (Some((time, skew)), Some(slowest)) = (spread(&sorted_times, " ms"), slowest) {
         let skew = skew.map_or(String::new(), |s| format!("time skew {s}; "));
         summary.push_str(&format!(
             "; time per task {time} ({skew}partition {slowest} shown below)"
@@ -247,22 +249,23 @@ fn stage_report(
     }
 }
 
-/// How `sorted` (ascending, one value per task) spreads: "min 1, median 2, max 9", and the skew,
-/// the largest over the median ("4.50"; 1.00 is even). `None` for no task; the value alone for
-/// one task; no skew for one task or a median of 0.
-fn spread(sorted: &[u64], show: impl Fn(u64) -> String) -> Option<(String, Option<String>)> {
+/// How `sorted` (ascending, one value per task, shown with `unit`) spreads: "min 1, median 2.5,
+/// max 9", and the skew, the largest over the median ("3.60"; 1.00 is even). `None` for no task;
+/// the value alone for one task; no skew for one task or a median of 0.
+fn spread(sorted: &[u64], unit: &str) -> Option<(String, Option<String>)> {
     let (least, most) = (*sorted.first()?, *sorted.last()?);
-    let middle = median(sorted)?;
     if sorted.len() < 2 {
-        return Some((show(most), None));
+        return Some((format!("{most}{unit}"), None));
     }
-    let skew = (middle > 0).then(|| format!("{:.2}", most as f64 / middle as f64));
-    let text = format!(
-        "min {}, median {}, max {}",
-        show(least),
-        show(middle),
-        show(most)
-    );
+    // The exact median: the mean of the middle two of an even count.
+    let upper = *sorted.get(sorted.len() / 2)? as f64;
+    let middle = if sorted.len() % 2 == 1 {
+        upper
+    } else {
+        (*sorted.get(sorted.len() / 2 - 1)? as f64 + upper) / 2.0
+    };
+    let skew = (middle > 0.0).then(|| format!("{:.2}", most as f64 / middle));
+    let text = format!("min {least}{unit}, median {middle}{unit}, max {most}{unit}");
     Some((text, skew))
 }
 
@@ -342,8 +345,7 @@ mod tests {
 
     #[test]
     fn spread_names_min_median_max_and_the_skew_over_the_median() {
-        let n = |v: u64| v.to_string();
-        let spread_of = |values: &[u64]| spread(values, n);
+        let spread_of = |values: &[u64]| spread(values, "");
         let pair =
             |text: &str, skew: Option<&str>| Some((text.to_string(), skew.map(String::from)));
         assert_eq!(spread_of(&[]), None);
@@ -356,10 +358,19 @@ mod tests {
             spread_of(&[1, 2, 2, 9]),
             pair("min 1, median 2, max 9", Some("4.50"))
         );
+        // The median of an even count is exact: (1 + 4) / 2.
+        assert_eq!(
+            spread_of(&[1, 4]),
+            pair("min 1, median 2.5, max 4", Some("1.60"))
+        );
+        assert_eq!(
+            spread_of(&[0, 1]),
+            pair("min 0, median 0.5, max 1", Some("2.00"))
+        );
         // No skew over a median of 0.
         assert_eq!(spread_of(&[0, 0, 5]), pair("min 0, median 0, max 5", None));
         assert_eq!(
-            spread(&[10, 30, 45], |v| format!("{v} ms")),
+            spread(&[10, 30, 45], " ms"),
             pair("min 10 ms, median 30 ms, max 45 ms", Some("1.50"))
         );
     }

@@ -1,7 +1,7 @@
-//! Views of a worker's one memory pool: each task's operators, and the stream store's blocking
-//! outputs, draw on the worker's pool through a view that measures what they hold (and its peak)
-//! and, where there is one, holds them to a cap (the session's memory limit per task; half the
-//! pool for blocking outputs).
+//! Views of a memory pool: each task's operators (on a worker: the worker's one pool; a stage
+//! placed on the driver: the session's pool), and the stream store's blocking outputs, draw on
+//! the pool through a view that measures what they hold (and its peak) and, where there is one,
+//! holds them to a cap (the session's memory limit per task; half the pool for blocking outputs).
 //!
 //! ```text
 //!   a task's operators ─► CappedPool (peak; the session's limit, if any) ─┐
@@ -32,6 +32,8 @@ pub(crate) struct CappedPool {
     cap: usize,
     what: &'static str,
     used: AtomicUsize,
+    /// What the inner pool granted (`used` also counts a request while the inner pool decides).
+    held: AtomicUsize,
     peak: AtomicUsize,
 }
 
@@ -42,6 +44,7 @@ impl CappedPool {
             cap,
             what,
             used: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
         }
     }
@@ -51,8 +54,9 @@ impl CappedPool {
         self.peak.load(Ordering::SeqCst)
     }
 
-    fn added(&self, additional: usize) {
-        let now = self.used.fetch_add(additional, Ordering::SeqCst) + additional;
+    /// The inner pool granted `additional` more bytes.
+    fn granted(&self, additional: usize) {
+        let now = self.held.fetch_add(additional, Ordering::SeqCst) + additional;
         self.peak.fetch_max(now, Ordering::SeqCst);
     }
 }
@@ -130,18 +134,19 @@ impl MemoryPool for CappedPool {
 
     fn grow(&self, reservation: &MemoryReservation, additional: usize) {
         self.inner.grow(reservation, additional);
-        self.added(additional);
+        self.used.fetch_add(additional, Ordering::SeqCst);
+        self.granted(additional);
     }
 
     fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
         self.inner.shrink(reservation, shrink);
+        self.held.fetch_sub(shrink, Ordering::SeqCst);
         self.used.fetch_sub(shrink, Ordering::SeqCst);
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
         let cap = self.cap;
-        let before = self
-            .used
+        self.used
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 used.checked_add(additional).filter(|total| *total <= cap)
             })
@@ -157,8 +162,7 @@ impl MemoryPool for CappedPool {
             self.used.fetch_sub(additional, Ordering::SeqCst);
             return Err(e);
         }
-        self.peak
-            .fetch_max(before.saturating_add(additional), Ordering::SeqCst);
+        self.granted(additional);
         Ok(())
     }
 

@@ -183,6 +183,7 @@ impl StreamStore {
         let name = format!("{} {key}", self.name);
         let spill = SpillMetrics::new(&ExecutionPlanMetricsSet::new(), key.partition);
         let spilled_bytes = spill.spilled_bytes.clone();
+        let spill_files = spill.spill_file_count.clone();
         let replicas = replicas.max(1);
         let (output, sender) = match mode {
             OutputMode::Pipelined => {
@@ -245,6 +246,7 @@ impl StreamStore {
             kind: sender,
             channels,
             spilled_bytes,
+            spill_files,
         })
     }
 
@@ -433,9 +435,15 @@ pub struct TaskSender {
     kind: SenderKind,
     channels: usize,
     spilled_bytes: Count,
+    spill_files: Count,
 }
 
 impl TaskSender {
+    /// Spill files the store wrote of this output so far (keeps counting after the sender is gone).
+    pub fn spill_files(&self) -> Count {
+        self.spill_files.clone()
+    }
+
     /// Bytes the store spilled of this output so far (its buffers, when the pool was full); the
     /// counter keeps counting after the sender is gone.
     pub fn spilled_bytes(&self) -> Count {

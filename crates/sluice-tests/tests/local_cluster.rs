@@ -520,10 +520,33 @@ async fn assert_explain_analyze_shows_every_stage(session: &SluiceSession) {
     for stage in 0..earlier {
         assert!(text.contains(&format!("Stage {stage} ")), "{text}");
     }
-    assert!(text.contains("; task time median"), "{text}");
-    // A stage of several tasks shows how its rows spread over them (the skew).
-    assert!(text.contains(" rows written (per task "), "{text}");
-    assert!(text.contains(", skew "), "{text}");
+    // Each earlier stage's row: its tasks, rows and time per task (the skew), its totals.
+    let rows = format_rows(batches).unwrap();
+    let row = |title: &str| -> String {
+        let found: Vec<&Vec<String>> = rows.iter().filter(|r| r[0] == title).collect();
+        assert_eq!(found.len(), 1, "{title}: {text}");
+        found[0][1].clone()
+    };
+    for (index, stage) in graph.stages().iter().enumerate().take(earlier) {
+        let report = row(&format!("Stage {index}"));
+        let tasks = stage.partitions();
+        assert!(
+            report.starts_with(&format!("{tasks} tasks; rows per task ")),
+            "{report}"
+        );
+        assert!(report.contains("; time per task "), "{report}");
+        assert!(report.contains("\nwritten: "), "{report}");
+        assert!(report.contains("; peak memory "), "{report}");
+    }
+    assert!(text.contains(" (skew "), "{text}");
+    let job = row("Job");
+    assert!(
+        job.starts_with(&format!(
+            "{} stages (the final one included), ",
+            graph.stages().len()
+        )),
+        "{job}"
+    );
     assert!(text.contains("ShuffleWriterExec"), "{text}");
     assert!(text.contains("channel_rows="), "{text}");
 }
@@ -595,8 +618,9 @@ async fn task_metrics_balance_on(mode: ExecutionMode, runner: Arc<dyn JobRunner>
     // Aggregating stages reserve memory for their hash tables.
     let peak = summaries.iter().map(|s| s.totals.peak_memory_bytes).max();
     assert!(peak > Some(0), "{summaries:?}");
-    // Every attempt succeeded once: the job's totals are the stages' sums.
+    // Every attempt succeeded once, so each stage's totals count each of its tasks once.
     assert!(job.attempts.iter().all(|a| a.state.name() == "succeeded"));
+    assert_eq!(job.attempts.len(), job.stage_tasks.iter().sum::<usize>());
     let remote: u64 = summaries.iter().map(|s| s.totals.read_remote_bytes).sum();
     if mode == ExecutionMode::LocalGraph {
         assert_eq!(remote, 0, "one in-process worker reads nothing over Flight");

@@ -508,6 +508,7 @@ impl DriverActor {
         if !entry.stage_complete(stage_id) {
             return;
         }
+        entry.attempts.stage_done(stage_id);
         let Some(stage) = entry.graph.stage(stage_id) else {
             return;
         };

@@ -161,6 +161,11 @@ impl AttemptLog {
         }
     }
 
+    /// Every task of `stage` succeeded: its span closes.
+    pub fn stage_done(&mut self, stage: sluice_planner::StageId) {
+        self.spans.stage_done(stage);
+    }
+
     /// The job ended in `state`: its spans close (its attempts ended before).
     pub fn job_ended(&mut self, state: &str, error: Option<&str>) {
         self.spans.job_ended(state, error);

@@ -1,13 +1,14 @@
 //! The driver's tracing spans of a job: one `job` span from submission to its end, a `stage` span
-//! per run of a stage's attempts, and a `task` span per attempt from placement to its end, each
-//! carrying the ids (and, when it ends, the state) that errors and the REST API use.
+//! from a stage's first placed attempt until all its tasks succeeded, and a `task` span per attempt
+//! from placement to its end, each carrying the ids (and, when it ends, the state) that errors and
+//! the REST API use.
 //!
 //! ```text
 //!  job (job, tag, user, state) ──┬── stage (job, stage) ──┬── task (job, stage, partition,
 //!                                │                        │        attempt, worker, state)
 //!                                │                        └── task …
-//!                                └── stage …   (a stage span closes when its last running attempt
-//!                                               ends; a retry later opens a new one)
+//!                                └── stage …   (a stage span closes when its stage is complete; a
+//!                                               stage re-run for lost outputs opens a new one)
 //! ```
 //!
 //! Whatever subscriber the process installed sees them: the CLI's log lines (`--log-format`), an
@@ -28,8 +29,8 @@ use super::JobLabel;
 pub(crate) struct JobSpans {
     job: JobId,
     span: Span,
-    /// Per stage, its span and how many of its attempts run.
-    stages: HashMap<StageId, (Span, usize)>,
+    /// Per stage not complete yet, its span.
+    stages: HashMap<StageId, Span>,
     attempts: HashMap<TaskAttempt, Span>,
 }
 
@@ -68,17 +69,15 @@ impl JobSpans {
     /// `attempt` was placed on `worker` (an address).
     pub fn placed(&mut self, attempt: TaskAttempt, worker: &str) {
         let stage = attempt.task.stage;
-        let (stage_span, running) = self.stages.entry(stage).or_insert_with(|| {
-            let span = tracing::info_span!(
+        let stage_span = self.stages.entry(stage).or_insert_with(|| {
+            tracing::info_span!(
                 target: "sluice::driver",
                 parent: &self.span,
                 "stage",
                 job = self.job.0,
                 stage = stage.0,
-            );
-            (span, 0)
+            )
         });
-        *running += 1;
         let span = tracing::info_span!(
             target: "sluice::driver",
             parent: &*stage_span,
@@ -91,41 +90,20 @@ impl JobSpans {
             state = Empty,
         );
         if let Some(replaced) = self.attempts.insert(attempt, span) {
-            self.close_attempt(attempt, replaced, "cancelled", None);
+            close_attempt(replaced, "cancelled", None);
         }
     }
 
     /// `attempt` ended in `state` (a name of `TaskRecordState`).
     pub fn ended(&mut self, attempt: TaskAttempt, state: &str, error: Option<&str>) {
         if let Some(span) = self.attempts.remove(&attempt) {
-            self.close_attempt(attempt, span, state, error);
+            close_attempt(span, state, error);
         }
     }
 
-    fn close_attempt(
-        &mut self,
-        attempt: TaskAttempt,
-        span: Span,
-        state: &str,
-        error: Option<&str>,
-    ) {
-        span.record("state", state);
-        match error {
-            Some(error) => {
-                tracing::info!(target: "sluice::driver", parent: &span, error, "task attempt {state}")
-            }
-            None => {
-                tracing::debug!(target: "sluice::driver", parent: &span, "task attempt {state}")
-            }
-        }
-        drop(span);
-        let stage = attempt.task.stage;
-        if let Some((_, running)) = self.stages.get_mut(&stage) {
-            *running = running.saturating_sub(1);
-            if *running == 0 {
-                self.stages.remove(&stage);
-            }
-        }
+    /// Every task of `stage` succeeded: its span closes (once attempts still running under it end).
+    pub fn stage_done(&mut self, stage: StageId) {
+        self.stages.remove(&stage);
     }
 
     /// The job ended in `state` (a name of `JobState`): its attempts' spans (already ended by
@@ -141,5 +119,16 @@ impl JobSpans {
             None => tracing::info!(target: "sluice::driver", parent: &self.span, "job {state}"),
         }
         self.span = Span::none();
+    }
+}
+
+/// Records `state` on an attempt's span, logs its end, and closes it (by dropping it).
+fn close_attempt(span: Span, state: &str, error: Option<&str>) {
+    span.record("state", state);
+    match error {
+        Some(error) => {
+            tracing::info!(target: "sluice::driver", parent: &span, error, "task attempt {state}")
+        }
+        None => tracing::debug!(target: "sluice::driver", parent: &span, "task attempt {state}"),
     }
 }

@@ -143,9 +143,9 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
     }
     // The wall time is measured by the caller, around the whole attempt.
     let mut metrics = executed_task(&task_plan, with_plan);
-    let output_spilled = streams.output_spilled_bytes();
-    metrics.spilled_bytes += output_spilled;
-    metrics.spill_count += u64::from(output_spilled > 0);
+    let (spill_files, spilled_bytes) = streams.output_spills();
+    metrics.spill_count += spill_files;
+    metrics.spilled_bytes += spilled_bytes;
     streams.read().add_to(&mut metrics);
     metrics.peak_memory_bytes = memory.peak() as u64;
     Ok(metrics)

@@ -40,7 +40,7 @@ pub(super) struct AttemptStreams {
     store: Arc<StreamStore>,
     fetcher: Arc<dyn StreamFetcher>,
     /// What the store spilled of this attempt's output, once the writer took its sender.
-    output_spilled: std::sync::Mutex<Option<Count>>,
+    output_spilled: std::sync::Mutex<Option<(Count, Count)>>,
     /// What its inputs delivered so far.
     read: Arc<ReadCounters>,
 }
@@ -104,13 +104,17 @@ impl std::fmt::Debug for AttemptStreams {
 }
 
 impl AttemptStreams {
-    /// Bytes the store spilled of this attempt's output (0 before it was created).
-    pub fn output_spilled_bytes(&self) -> u64 {
+    /// Spill files and bytes the store wrote of this attempt's output (0 before it was created).
+    pub fn output_spills(&self) -> (u64, u64) {
         self.output_spilled
             .lock()
             .ok()
-            .and_then(|spilled| spilled.as_ref().map(|count| count.value() as u64))
-            .unwrap_or(0)
+            .and_then(|spilled| {
+                spilled
+                    .as_ref()
+                    .map(|(files, bytes)| (files.value() as u64, bytes.value() as u64))
+            })
+            .unwrap_or((0, 0))
     }
 
     pub fn try_new(
@@ -214,7 +218,7 @@ impl TaskStreams for AttemptStreams {
             self.output_schema.clone(),
         )?;
         if let Ok(mut spilled) = self.output_spilled.lock() {
-            *spilled = Some(sender.spilled_bytes());
+            *spilled = Some((sender.spill_files(), sender.spilled_bytes()));
         }
         Ok(sender)
     }
