@@ -132,3 +132,144 @@ fn close_attempt(span: Span, state: &str, error: Option<&str>) {
         None => tracing::debug!(target: "sluice::driver", parent: &span, "task attempt {state}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use sluice_planner::TaskId;
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::subscriber::with_default;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    use super::*;
+
+    /// A span as it closed: its name, its fields (`stage`, `attempt`, `state`) and its parent's name.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Closed {
+        name: String,
+        fields: Vec<(String, String)>,
+        parent: Option<String>,
+    }
+
+    #[derive(Default)]
+    struct Fields(Vec<(String, String)>);
+
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if ["stage", "attempt", "state"].contains(&field.name()) {
+                self.0
+                    .push((field.name().to_string(), format!("{value:?}")));
+            }
+        }
+    }
+
+    /// Records every span's fields and, when it closes, what it was.
+    struct Recorder(Arc<Mutex<Vec<Closed>>>);
+
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut fields = Fields::default();
+            attrs.record(&mut fields);
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(fields);
+            }
+        }
+
+        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+            if let Some(span) = ctx.span(id)
+                && let Some(fields) = span.extensions_mut().get_mut::<Fields>()
+            {
+                values.record(fields);
+            }
+        }
+
+        fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+            let Some(span) = ctx.span(&id) else { return };
+            let fields = span
+                .extensions()
+                .get::<Fields>()
+                .map(|f| f.0.clone())
+                .unwrap_or_default();
+            let closed = Closed {
+                name: span.name().to_string(),
+                fields,
+                parent: span.parent().map(|p| p.name().to_string()),
+            };
+            if let Ok(mut all) = self.0.lock() {
+                all.push(closed);
+            }
+        }
+    }
+
+    fn attempt(stage: usize, partition: usize, attempt: usize) -> TaskAttempt {
+        TaskAttempt {
+            task: TaskId {
+                stage: StageId(stage),
+                partition,
+            },
+            attempt,
+        }
+    }
+
+    fn closed(name: &str, fields: &[(&str, &str)], parent: Option<&str>) -> Closed {
+        Closed {
+            name: name.to_string(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            parent: parent.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_replaced_attempt_closes_cancelled_and_a_rerun_stage_opens_a_new_span() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Recorder(Arc::clone(&seen)));
+        with_default(subscriber, || {
+            let mut spans = JobSpans::new(JobId(7), None);
+            spans.placed(attempt(0, 0, 0), "w1:1");
+            // Placed again under the same key (a re-placement): the first span ends cancelled.
+            spans.placed(attempt(0, 0, 0), "w2:2");
+            spans.ended(attempt(0, 0, 0), "succeeded", None);
+            spans.ended(attempt(0, 0, 0), "failed", Some("late"));
+            spans.stage_done(StageId(0));
+            // Its output was lost: the stage runs again under a new span.
+            spans.placed(attempt(0, 0, 1), "w2:2");
+            spans.ended(attempt(0, 0, 1), "succeeded", None);
+            spans.stage_done(StageId(0));
+            spans.placed(attempt(1, 0, 0), "w1:1");
+            spans.ended(attempt(1, 0, 0), "lost", Some("worker 1 (w1:1) was lost"));
+            spans.job_ended("failed", Some("worker 1 was lost"));
+        });
+        let seen = seen.lock().unwrap().clone();
+        let task = |stage: &str, attempt: &str, state: &str| {
+            closed(
+                "task",
+                &[
+                    ("stage", stage),
+                    ("attempt", attempt),
+                    ("state", &format!("{state:?}")),
+                ],
+                Some("stage"),
+            )
+        };
+        let stage = |stage: &str| closed("stage", &[("stage", stage)], Some("job"));
+        assert_eq!(
+            seen,
+            vec![
+                task("0", "0", "cancelled"),
+                task("0", "0", "succeeded"),
+                stage("0"),
+                task("0", "1", "succeeded"),
+                stage("0"),
+                task("1", "0", "lost"),
+                stage("1"),
+                closed("job", &[("state", "\"failed\"")], None),
+            ]
+        );
+    }
+}
