@@ -102,6 +102,16 @@ impl TaskMetrics {
     }
 }
 
+/// The totals of many tasks' metrics ([`TaskMetrics::add`] over them).
+impl<'a> std::iter::Sum<&'a TaskMetrics> for TaskMetrics {
+    fn sum<I: Iterator<Item = &'a TaskMetrics>>(metrics: I) -> Self {
+        metrics.fold(TaskMetrics::default(), |mut sum, m| {
+            sum.add(m);
+            sum
+        })
+    }
+}
+
 /// One `EXPLAIN ANALYZE` row for a stage other than the final one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageReport {
@@ -187,10 +197,7 @@ pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -
         .filter(|(index, _)| StageId(*index) != last)
         .map(|(index, stage)| stage_report(StageId(index), stage.partitions(), metrics))
         .collect();
-    let mut job = TaskMetrics::default();
-    for m in metrics.values() {
-        job.add(m);
-    }
+    let job: TaskMetrics = metrics.values().sum();
     reports.push(StageReport {
         title: "Job".to_string(),
         text: format!(
@@ -217,10 +224,7 @@ fn stage_report(
                 .map(|m| (partition, m))
         })
         .collect();
-    let mut totals = TaskMetrics::default();
-    for (_, m) in &tasks {
-        totals.add(m);
-    }
+    let totals: TaskMetrics = tasks.iter().map(|(_, m)| *m).sum();
     let mut times: Vec<(u64, usize)> = tasks.iter().map(|(p, m)| (m.elapsed_ms, *p)).collect();
     times.sort_unstable();
     let mut rows: Vec<u64> = tasks.iter().map(|(_, m)| m.rows).collect();

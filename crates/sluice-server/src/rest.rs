@@ -235,10 +235,7 @@ async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Repl
         .enumerate()
         .map(|(stage, s)| stage_json(stage, s))
         .collect();
-    let totals = summaries.iter().fold(TaskMetrics::default(), |mut sum, s| {
-        sum.add(&s.totals);
-        sum
-    });
+    let totals: TaskMetrics = summaries.iter().map(|s| &s.totals).sum();
     body["totals"] = with_metrics(json!({}), &totals);
     body["attempts"] = record.attempts.iter().map(attempt_json).collect();
     body["graph"] = record

@@ -593,12 +593,7 @@ async fn task_metrics_balance_on(mode: ExecutionMode, runner: Arc<dyn JobRunner>
             "{inputs:?}"
         );
         let read = &summaries[stage].totals;
-        let written = inputs
-            .iter()
-            .fold(TaskMetrics::default(), |mut sum, (i, _)| {
-                sum.add(&summaries[*i].totals);
-                sum
-            });
+        let written: TaskMetrics = inputs.iter().map(|(i, _)| &summaries[*i].totals).sum();
         assert_eq!(
             (read.input_rows, read.input_batches),
             (written.rows, written.batches),

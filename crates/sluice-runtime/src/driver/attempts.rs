@@ -133,10 +133,7 @@ pub fn stage_summaries(stage_tasks: &[usize], attempts: &[TaskRecord]) -> Vec<St
                     .iter()
                     .filter(|a| a.state == TaskRecordState::Running)
                     .count(),
-                totals: last.values().fold(TaskMetrics::default(), |mut sum, m| {
-                    sum.add(m);
-                    sum
-                }),
+                totals: last.values().copied().sum(),
                 task_ms: spread(|m| m.elapsed_ms),
                 task_rows: spread(|m| m.rows),
             }
