@@ -25,6 +25,7 @@ use clap::{Args, Parser, Subcommand};
 use sluice_cluster::TlsFiles;
 use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
 use sluice_engine::config::{ExchangeMode, FlightCompression};
+use sluice_engine::joins::JoinStrategy;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
 use crate::commands::{
@@ -45,7 +46,7 @@ struct Cli {
 #[derive(Debug, Args)]
 struct GlobalArgs {
     /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
-    /// driver_listen, min_workers, [session]).
+    /// joins, driver_listen, min_workers, [session]).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
@@ -61,6 +62,10 @@ struct GlobalArgs {
     /// blocking (a stage finishes before its readers start; a retried reader re-reads its inputs).
     #[arg(long, global = true, value_name = "MODE")]
     exchange: Option<ExchangeMode>,
+    /// Partitioned equi-joins: auto (default: sort-merge joins, which spill, when --memory-limit is
+    /// set, else hash joins), hash or sort-merge. Joins with a small side stay broadcast hash joins.
+    #[arg(long, global = true, value_name = "ALGORITHM")]
+    joins: Option<JoinStrategy>,
     /// Cluster mode: where the driver listens for workers (default 127.0.0.1 on a free port).
     #[arg(long, global = true, value_name = "ADDR")]
     driver_listen: Option<String>,
@@ -158,6 +163,7 @@ impl GlobalArgs {
             workers: self.workers,
             flight_compression: self.flight_compression,
             exchange: self.exchange,
+            joins: self.joins,
             driver_listen: self.driver_listen.clone(),
             min_workers: self.min_workers,
             session,

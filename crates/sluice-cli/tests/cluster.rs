@@ -373,6 +373,60 @@ fn tpch_queries_survive_a_sigstopped_worker_in_both_exchange_modes() {
     assert_chaos("STOP", "blocking", "1,3,9,13,18,21", 6, 1);
 }
 
+/// The per-query numbers `tpch run --json` wrote.
+fn json_queries(path: &Path) -> Vec<serde_json::Value> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json["queries"].as_array().unwrap().clone()
+}
+
+#[test]
+fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode() {
+    // Each worker's one pool is MEMORY_LIMIT: the partitioned joins become sort-merge joins whose
+    // sorts spill to the workers' work directories; every answer must still be local mode's.
+    const MEMORY_LIMIT: &str = "64M";
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json");
+    let data = sf01().to_str().unwrap();
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "2",
+        "--memory-limit",
+        MEMORY_LIMIT,
+        "tpch",
+        "run",
+        "--data",
+        data,
+        "--compare-local",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (output, stderr) = client.finish();
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
+    assert_eq!(stdout.matches("same as local").count(), 22, "{stdout}");
+    let queries = json_queries(&json);
+    assert_eq!(queries.len(), 22);
+    let spilled: Vec<(u64, u64)> = queries
+        .iter()
+        .map(|q| {
+            (
+                q["query"].as_u64().unwrap(),
+                q["spilled_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // q18 sorts lineitem's join side by order key: more than a worker's pool.
+    let q18 = spilled.iter().find(|(q, _)| *q == 18).unwrap().1;
+    assert!(q18 > 1 << 20, "q18 spilled {q18} B: {spilled:?}");
+    // The summary line sums them.
+    assert!(stdout.contains(", spilled "), "{stdout}");
+    assert!(!stdout.contains(", spilled 0 B"), "{stdout}");
+}
+
 /// A free loopback port (bound and released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -17,6 +17,7 @@ use datafusion::prelude::SessionConfig;
 use serde::Deserialize;
 
 use crate::error::{Result, SluiceError};
+use crate::joins::JoinStrategy;
 
 /// How queries execute. Each mode is one `sluice_runtime::JobRunner`, built by the front end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -167,6 +168,8 @@ pub struct SluiceConfig {
     pub flight_compression: Sourced<FlightCompression>,
     /// How stage outputs move between stages in the distributed modes.
     pub exchange: Sourced<ExchangeMode>,
+    /// Which algorithm partitioned equi-joins use (see [`crate::joins`]).
+    pub joins: Sourced<JoinStrategy>,
     /// Cluster mode: where the driver listens for workers (`None`: 127.0.0.1, a free port).
     pub driver_listen: Sourced<Option<String>>,
     /// Cluster mode: workers that must have joined before the first query (`None`: `workers`).
@@ -183,6 +186,7 @@ impl Default for SluiceConfig {
             workers: Sourced::new(DEFAULT_WORKERS, "default"),
             flight_compression: Sourced::new(FlightCompression::None, "default"),
             exchange: Sourced::new(ExchangeMode::Pipelined, "default"),
+            joins: Sourced::new(JoinStrategy::Auto, "default"),
             driver_listen: Sourced::new(None, "default"),
             min_workers: Sourced::new(None, "default"),
             // `SHOW` and `information_schema` are what a data engineer reaches for first.
@@ -207,6 +211,8 @@ pub struct ConfigLayer {
     pub flight_compression: Option<FlightCompression>,
     /// `exchange`.
     pub exchange: Option<ExchangeMode>,
+    /// `joins`.
+    pub joins: Option<JoinStrategy>,
     /// `driver_listen`.
     pub driver_listen: Option<String>,
     /// `min_workers`.
@@ -224,6 +230,7 @@ struct FileLayer {
     workers: Option<usize>,
     flight_compression: Option<String>,
     exchange: Option<String>,
+    joins: Option<String>,
     driver_listen: Option<String>,
     min_workers: Option<usize>,
     #[serde(default)]
@@ -248,6 +255,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "SLUICE_EXCHANGE",
         "how stage outputs move between stages: pipelined or blocking",
+    ),
+    (
+        "SLUICE_JOINS",
+        "partitioned joins: auto (sort-merge under a memory limit, else hash), hash or sort-merge",
     ),
     (
         "SLUICE_DRIVER_LISTEN",
@@ -434,12 +445,14 @@ impl ConfigLayer {
             .map(|c| c.parse())
             .transpose()
             .map_err(error)?;
+        let joins = file.joins.map(|j| j.parse()).transpose().map_err(error)?;
         Ok(Self {
             mode,
             memory_limit,
             workers: file.workers,
             flight_compression,
             exchange,
+            joins,
             driver_listen: file.driver_listen,
             min_workers: file.min_workers,
             session,
@@ -471,6 +484,7 @@ impl ConfigLayer {
                     layer.flight_compression = Some(value.parse().map_err(error)?)
                 }
                 "SLUICE_EXCHANGE" => layer.exchange = Some(value.parse().map_err(error)?),
+                "SLUICE_JOINS" => layer.joins = Some(value.parse().map_err(error)?),
                 "SLUICE_DRIVER_LISTEN" => layer.driver_listen = Some(value.clone()),
                 "SLUICE_MIN_WORKERS" => {
                     layer.min_workers = Some(parse_workers(&value).map_err(error)?)
@@ -518,6 +532,9 @@ impl SluiceConfig {
         if let Some(exchange) = layer.exchange {
             self.exchange = Sourced::new(exchange, source);
         }
+        if let Some(joins) = layer.joins {
+            self.joins = Sourced::new(joins, source);
+        }
         if let Some(listen) = layer.driver_listen {
             self.driver_listen = Sourced::new(Some(listen), source);
         }
@@ -532,6 +549,14 @@ impl SluiceConfig {
             self.session.insert(key, Sourced::new(value, source));
         }
         Ok(())
+    }
+
+    /// Whether partitioned equi-joins are planned as sort-merge joins: `joins`, given whether a
+    /// memory limit is set.
+    pub fn sort_merge_joins(&self) -> bool {
+        self.joins
+            .value
+            .sort_merge(self.memory_limit.value.is_some())
     }
 
     /// The DataFusion session configuration these settings describe.
@@ -594,6 +619,12 @@ impl SluiceConfig {
             "exchange = \"{}\"  # from {}",
             self.exchange.value.name(),
             self.exchange.source
+        );
+        let _ = writeln!(
+            out,
+            "joins = \"{}\"  # from {}",
+            self.joins.value.name(),
+            self.joins.source
         );
         if let Some(listen) = &self.driver_listen.value {
             let _ = writeln!(
@@ -776,6 +807,38 @@ mod tests {
                 .to_toml(true)
                 .unwrap()
                 .contains("datafusion.execution.target_partitions")
+        );
+    }
+
+    #[test]
+    fn joins_come_from_the_file_the_environment_and_follow_the_memory_limit() {
+        let mut config = SluiceConfig::default();
+        assert!(
+            !config.sort_merge_joins(),
+            "auto without a memory limit: hash joins"
+        );
+        let file = ConfigLayer::from_toml("memory_limit = \"1G\"\n", "test.toml").unwrap();
+        config.apply(file, "test.toml").unwrap();
+        assert!(
+            config.sort_merge_joins(),
+            "auto under a memory limit: sort-merge joins"
+        );
+        let env_layer = ConfigLayer::from_env(env(&[("SLUICE_JOINS", "hash")])).unwrap();
+        config.apply(env_layer, "environment").unwrap();
+        assert!(!config.sort_merge_joins());
+        assert_eq!(config.joins.source, "environment");
+        let text = config.to_toml(false).unwrap();
+        assert!(
+            text.contains("joins = \"hash\"  # from environment"),
+            "{text}"
+        );
+        let file = ConfigLayer::from_toml("joins = \"sort-merge\"\n", "j.toml").unwrap();
+        config.apply(file, "j.toml").unwrap();
+        assert!(config.sort_merge_joins());
+        let error = ConfigLayer::from_toml("joins = \"nested\"\n", "bad.toml").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "config bad.toml: unknown joins 'nested' (known: auto, hash, sort-merge)"
         );
     }
 }

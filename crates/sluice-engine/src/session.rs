@@ -18,6 +18,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
@@ -33,6 +34,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
+use crate::joins::physical_optimizer_rules;
 use crate::system_tables::register_system_tables;
 use sluice_planner::JobGraph;
 use sluice_planner::explain::{explain_json, explain_text};
@@ -129,7 +131,13 @@ impl SluiceSession {
             let bytes = usize::try_from(limit.0).unwrap_or(usize::MAX);
             runtime = runtime.with_memory_limit(bytes, 1.0);
         }
-        let ctx = SessionContext::new_with_config_rt(session_config, runtime.build_arc()?);
+        let state = SessionStateBuilder::new()
+            .with_config(session_config)
+            .with_runtime_env(runtime.build_arc()?)
+            .with_default_features()
+            .with_physical_optimizer_rules(physical_optimizer_rules(config.sort_merge_joins()))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         register_system_tables(&ctx, Arc::clone(&runner))?;
         Ok(Self {
             ctx,
@@ -373,11 +381,17 @@ impl SluiceSession {
     }
 
     /// A new session over the same tables, runner and memory pool, with a copy of this session's
-    /// settings: what it creates or sets afterwards (tables, views, `SET`) stays its own.
+    /// settings (and its join rule): what it creates or sets afterwards (tables, views, `SET`) stays its own.
     pub async fn fork(&self) -> Result<SluiceSession> {
         let state = self.ctx.state();
-        let ctx =
-            SessionContext::new_with_config_rt(state.config().clone(), state.runtime_env().clone());
+        let ctx = SessionContext::new_with_state(
+            SessionStateBuilder::new()
+                .with_config(state.config().clone())
+                .with_runtime_env(state.runtime_env().clone())
+                .with_default_features()
+                .with_physical_optimizer_rules(state.physical_optimizers().to_vec())
+                .build(),
+        );
         for name in self.tables.keys() {
             let provider = self.ctx.table_provider(name.as_str()).await?;
             ctx.register_table(name.as_str(), provider)?;

@@ -26,6 +26,7 @@ pub fn slt_config(user: &SluiceConfig) -> Result<SluiceConfig> {
         workers: user.workers.clone(),
         flight_compression: user.flight_compression.clone(),
         exchange: user.exchange.clone(),
+        joins: user.joins.clone(),
         driver_listen: user.driver_listen.clone(),
         min_workers: user.min_workers.clone(),
         session: Default::default(),

@@ -1,0 +1,385 @@
+//! Which algorithm equi-joins use: the `joins` setting and the physical optimizer rule that
+//! carries it out.
+//!
+//! DataFusion's hash join keeps its whole build side in memory and cannot spill: under a memory
+//! budget, a join whose build side does not fit fails with `Resources exhausted` however much
+//! disk there is. A sort-merge join sorts both sides (the sorts spill) and buffers one key's rows
+//! at a time (also spillable), so it finishes within any budget that holds its largest key group.
+//! Sluice therefore follows Spark's split when memory is bounded:
+//!
+//! ```text
+//!   build side small (JoinSelection's collect-left thresholds) ─► HashJoinExec (CollectLeft: broadcast)
+//!   both sides partitioned on the keys                         ─► SortMergeJoinExec  (spills)
+//! ```
+//!
+//! [`SortMergeJoins`] runs right after DataFusion's `JoinSelection` (which has chosen between
+//! collect-left and partitioned) and before the rule that adds repartitions and sorts, so the
+//! sorts a sort-merge join needs are planned by DataFusion itself, inside the stage that reads
+//! the shuffle. Invariants: only `Partitioned` hash joins change; null-aware anti joins (`NOT IN`)
+//! and joins with a pushed-down limit stay hash joins (the sort-merge join has neither); the
+//! output schema is unchanged (a hash join's embedded projection becomes a `ProjectionExec`).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use datafusion::arrow::compute::SortOptions;
+use datafusion::common::Result;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
+use datafusion::physical_plan::projection::ProjectionExec;
+
+/// The `joins` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JoinStrategy {
+    /// Hash joins without a memory limit; with one, partitioned joins are sort-merge joins.
+    #[default]
+    Auto,
+    /// Always hash joins (DataFusion's default; fastest, but a build side must fit in memory).
+    Hash,
+    /// Partitioned joins are sort-merge joins even without a memory limit.
+    SortMerge,
+}
+
+impl JoinStrategy {
+    /// The name used in config files, flags and `sluice config`.
+    pub fn name(self) -> &'static str {
+        match self {
+            JoinStrategy::Auto => "auto",
+            JoinStrategy::Hash => "hash",
+            JoinStrategy::SortMerge => "sort-merge",
+        }
+    }
+
+    /// Whether partitioned joins become sort-merge joins, given whether memory is bounded.
+    pub fn sort_merge(self, memory_limited: bool) -> bool {
+        match self {
+            JoinStrategy::Auto => memory_limited,
+            JoinStrategy::Hash => false,
+            JoinStrategy::SortMerge => true,
+        }
+    }
+}
+
+impl fmt::Display for JoinStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for JoinStrategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "auto" => Ok(JoinStrategy::Auto),
+            "hash" => Ok(JoinStrategy::Hash),
+            "sort-merge" => Ok(JoinStrategy::SortMerge),
+            other => Err(format!(
+                "unknown joins '{other}' (known: auto, hash, sort-merge)"
+            )),
+        }
+    }
+}
+
+/// DataFusion's physical optimizer rules, with [`SortMergeJoins`] right after `join_selection`
+/// when `sort_merge` holds.
+pub fn physical_optimizer_rules(
+    sort_merge: bool,
+) -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = PhysicalOptimizer::new().rules;
+    if sort_merge {
+        let at = rules
+            .iter()
+            .position(|rule| rule.name() == "join_selection")
+            .map_or(0, |i| i + 1);
+        rules.insert(at, Arc::new(SortMergeJoins));
+    }
+    rules
+}
+
+/// Turns partitioned hash joins into sort-merge joins (see the module docs).
+#[derive(Debug, Default)]
+pub struct SortMergeJoins;
+
+impl PhysicalOptimizerRule for SortMergeJoins {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| match node.downcast_ref::<HashJoinExec>() {
+            Some(join) if converts(join) => Ok(Transformed::yes(sort_merge_join(join)?)),
+            _ => Ok(Transformed::no(node)),
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "sluice_sort_merge_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+fn converts(join: &HashJoinExec) -> bool {
+    *join.partition_mode() == PartitionMode::Partitioned
+        && !join.null_aware
+        && join.fetch().is_none()
+}
+
+/// The sort-merge join equal to `join`: same inputs, keys, filter, join type and null handling,
+/// keys ascending with nulls first, then `join`'s projection if it has one.
+fn sort_merge_join(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
+    let merge: Arc<dyn ExecutionPlan> = Arc::new(SortMergeJoinExec::try_new(
+        Arc::clone(join.left()),
+        Arc::clone(join.right()),
+        join.on().to_vec(),
+        join.filter().cloned(),
+        *join.join_type(),
+        vec![SortOptions::default(); join.on().len()],
+        join.null_equality(),
+    )?);
+    let Some(projection) = &join.projection else {
+        return Ok(merge);
+    };
+    let schema = merge.schema();
+    let columns = projection
+        .iter()
+        .map(|&i| {
+            let name = schema.field(i).name().clone();
+            (
+                Arc::new(Column::new(&name, i)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+                name,
+            )
+        })
+        .collect::<Vec<_>>();
+    Ok(Arc::new(ProjectionExec::try_new(columns, merge)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::common::{JoinType, NullEquality};
+    use datafusion::datasource::MemTable;
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::physical_plan::{collect, displayable};
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    /// `k` with duplicates and nulls, `v` naming the row.
+    fn table(name: &str, keys: &[Option<i64>]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("v", DataType::Utf8, false),
+        ]));
+        let values: Vec<String> = (0..keys.len()).map(|i| format!("{name}{i}")).collect();
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys.to_vec())),
+                Arc::new(StringArray::from(values)),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn keys(n: i64, modulo: i64) -> Vec<Option<i64>> {
+        (0..n)
+            .map(|i| if i % 17 == 0 { None } else { Some(i % modulo) })
+            .collect()
+    }
+
+    /// A context over `a` (300 rows, keys 0..40) and `b` (200 rows, keys 0..60), with or without
+    /// the rule; `broadcast_small` keeps DataFusion's collect-left thresholds, else every join is
+    /// partitioned.
+    fn context(sort_merge: bool, broadcast_small: bool) -> SessionContext {
+        let mut config = SessionConfig::new().with_target_partitions(3);
+        if !broadcast_small {
+            let optimizer = &mut config.options_mut().optimizer;
+            optimizer.hash_join_single_partition_threshold = 0;
+            optimizer.hash_join_single_partition_threshold_rows = 0;
+        }
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rules(physical_optimizer_rules(sort_merge))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        for (name, rows) in [("a", keys(300, 40)), ("b", keys(200, 60))] {
+            let batch = table(name, &rows);
+            let halves = vec![
+                vec![batch.slice(0, 100)],
+                vec![batch.slice(100, batch.num_rows() - 100)],
+            ];
+            let provider = MemTable::try_new(batch.schema(), halves).unwrap();
+            ctx.register_table(name, Arc::new(provider)).unwrap();
+        }
+        ctx
+    }
+
+    async fn plan_and_rows(ctx: &SessionContext, sql: &str) -> (String, Vec<String>) {
+        let frame = ctx.sql(sql).await.unwrap();
+        let plan = frame.create_physical_plan().await.unwrap();
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        let batches = collect(plan, ctx.task_ctx()).await.unwrap();
+        (text, data_rows(&batches))
+    }
+
+    /// The rows as table lines, sorted (no header or frame).
+    fn data_rows(batches: &[RecordBatch]) -> Vec<String> {
+        let text = pretty_format_batches(batches).unwrap().to_string();
+        let mut rows: Vec<String> = text
+            .lines()
+            .filter(|line| line.starts_with('|'))
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    const JOINS: &[&str] = &[
+        "SELECT a.v, b.v FROM a JOIN b ON a.k = b.k",
+        "SELECT a.v, b.v FROM a LEFT JOIN b ON a.k = b.k AND b.v < 'b150'",
+        "SELECT a.v, b.v FROM a FULL JOIN b ON a.k = b.k",
+        "SELECT a.v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.v <> a.v)",
+        "SELECT a.v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+        "SELECT a.k, count(*) FROM a JOIN b ON a.k = b.k GROUP BY a.k",
+    ];
+
+    #[tokio::test]
+    async fn partitioned_hash_joins_become_sort_merge_joins_with_the_same_rows() {
+        let hash = context(false, false);
+        let merge = context(true, false);
+        for sql in JOINS {
+            let (hash_plan, expected) = plan_and_rows(&hash, sql).await;
+            let (merge_plan, rows) = plan_and_rows(&merge, sql).await;
+            assert!(
+                hash_plan.contains("HashJoinExec: mode=Partitioned"),
+                "{sql}:\n{hash_plan}"
+            );
+            assert!(
+                merge_plan.contains("SortMergeJoinExec"),
+                "{sql}:\n{merge_plan}"
+            );
+            assert!(!merge_plan.contains("HashJoinExec"), "{sql}:\n{merge_plan}");
+            assert!(expected.len() > 10, "{sql}: the query returns rows");
+            assert_eq!(rows, expected, "{sql}");
+        }
+    }
+
+    #[tokio::test]
+    async fn small_build_sides_stay_broadcast_hash_joins() {
+        let merge = context(true, true);
+        let (plan, _) = plan_and_rows(&merge, JOINS[0]).await;
+        assert!(plan.contains("HashJoinExec: mode=CollectLeft"), "{plan}");
+        assert!(!plan.contains("SortMergeJoinExec"), "{plan}");
+    }
+
+    #[tokio::test]
+    async fn not_in_stays_a_null_aware_hash_join_and_keeps_its_null_semantics() {
+        let hash = context(false, false);
+        let merge = context(true, false);
+        // `b.k` holds nulls, so `NOT IN` is never true; without them it keeps the unmatched keys.
+        for sql in [
+            "SELECT a.v FROM a WHERE a.k NOT IN (SELECT b.k FROM b)",
+            "SELECT a.v FROM a WHERE a.k NOT IN (SELECT b.k FROM b WHERE b.k IS NOT NULL AND b.k < 35)",
+        ] {
+            let (_, expected) = plan_and_rows(&hash, sql).await;
+            let (plan, rows) = plan_and_rows(&merge, sql).await;
+            assert!(plan.contains("HashJoinExec"), "{sql}:\n{plan}");
+            assert_eq!(rows, expected, "{sql}");
+        }
+        let (_, some) = plan_and_rows(
+            &merge,
+            "SELECT a.v FROM a WHERE a.k NOT IN (SELECT b.k FROM b WHERE b.k IS NOT NULL AND b.k < 35)",
+        )
+        .await;
+        // The rows of `a` with keys 35..=39 (none below 35 in the subquery): 33 of them.
+        assert_eq!(some.len(), 33, "{some:?}");
+        let (_, none) = plan_and_rows(
+            &merge,
+            "SELECT a.v FROM a WHERE a.k NOT IN (SELECT b.k FROM b)",
+        )
+        .await;
+        assert_eq!(none, Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_hash_joins_projection_is_kept_as_a_projection_over_the_merge_join() {
+        // Sorted single-partition inputs, so the merge join runs as built (no sorts planned here).
+        let left = table("l", &[Some(1), Some(2), Some(2), Some(5)]);
+        let right = table("r", &[Some(2), Some(3), Some(5), Some(5)]);
+        let scan = |batch: &RecordBatch| {
+            MemorySourceConfig::try_new_exec(&[vec![batch.clone()]], batch.schema(), None).unwrap()
+        };
+        let on = vec![(
+            Arc::new(Column::new("k", 0)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+        )];
+        let join = HashJoinExec::try_new(
+            scan(&left),
+            scan(&right),
+            on,
+            None,
+            &JoinType::Inner,
+            Some(vec![3, 1]),
+            PartitionMode::Partitioned,
+            NullEquality::NullEqualsNothing,
+            false,
+        )
+        .unwrap();
+        let hash: Arc<dyn ExecutionPlan> = Arc::new(join);
+        let merge = SortMergeJoins
+            .optimize(Arc::clone(&hash), &ConfigOptions::default())
+            .unwrap();
+        let text = displayable(merge.as_ref()).indent(true).to_string();
+        assert!(
+            text.starts_with("ProjectionExec: expr=[v@3 as v, v@1 as v]"),
+            "{text}"
+        );
+        assert!(text.contains("SortMergeJoinExec"), "{text}");
+        assert_eq!(merge.schema(), hash.schema());
+        let ctx = SessionContext::new();
+        let expected = data_rows(&collect(hash, ctx.task_ctx()).await.unwrap());
+        let rows = data_rows(&collect(merge, ctx.task_ctx()).await.unwrap());
+        // Key 2: l1 and l2 with r0; key 5: l3 with r2 and r3.
+        assert_eq!(
+            expected,
+            ["| r0 | l1 |", "| r0 | l2 |", "| r2 | l3 |", "| r3 | l3 |"]
+        );
+        assert_eq!(rows, expected);
+    }
+
+    #[test]
+    fn auto_means_sort_merge_only_under_a_memory_limit() {
+        assert!(JoinStrategy::Auto.sort_merge(true));
+        assert!(!JoinStrategy::Auto.sort_merge(false));
+        assert!(!JoinStrategy::Hash.sort_merge(true));
+        assert!(JoinStrategy::SortMerge.sort_merge(false));
+        assert_eq!(
+            "sort-merge".parse::<JoinStrategy>(),
+            Ok(JoinStrategy::SortMerge)
+        );
+        assert_eq!(
+            "merge".parse::<JoinStrategy>(),
+            Err("unknown joins 'merge' (known: auto, hash, sort-merge)".to_string())
+        );
+        let rules = physical_optimizer_rules(true);
+        let names: Vec<&str> = rules.iter().map(|r| r.name()).collect();
+        let at = names.iter().position(|n| *n == "join_selection").unwrap();
+        assert_eq!(names[at + 1], "sluice_sort_merge_joins");
+        assert_eq!(physical_optimizer_rules(false).len(), rules.len() - 1);
+    }
+}
