@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use sluice_engine::config::Sourced;
+use sluice_engine::joins::JoinStrategy;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError, SluiceSession};
 use sluice_runtime::analyze::human_bytes;
 use sluice_tpch::bench::{
@@ -92,7 +93,8 @@ pub struct RunArgs {
     /// Scale factor of the data [default: read from DIR/tpch.json].
     #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f64>,
-    /// Also run every query in local mode and compare the rows (any scale factor).
+    /// Also run every query in local mode (no memory limit, hash joins) and compare the rows (any
+    /// scale factor).
     #[arg(long)]
     pub compare_local: bool,
 }
@@ -192,8 +194,10 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
     }
 }
 
-/// A local-mode session over the TPC-H data in `data`, with `config`'s other settings: the
-/// reference results are compared with.
+/// A local-mode session over the TPC-H data in `data`, with `config`'s DataFusion settings: the
+/// reference results are compared with. It runs without a memory limit and with hash joins, so
+/// that a memory-limited run (sort-merge joins, spills) is checked against DataFusion's plain
+/// plan, and a limit too small for one process cannot fail the reference.
 pub fn local_reference(
     config: &SluiceConfig,
     data: &Path,
@@ -201,6 +205,8 @@ pub fn local_reference(
 ) -> Result<SluiceSession> {
     let mut local = config.clone();
     local.mode = Sourced::new(ExecutionMode::Local, "the local reference");
+    local.memory_limit = Sourced::new(None, "the local reference");
+    local.joins = Sourced::new(JoinStrategy::Hash, "the local reference");
     let mut reference = SluiceSession::new(&local, crate::runners::runner_for(&local))?;
     runtime.block_on(open_tpch_data(&mut reference, data, None))?;
     Ok(reference)
