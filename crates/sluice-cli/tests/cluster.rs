@@ -387,24 +387,24 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
     // (which runs unlimited, with hash joins).
     const MEMORY_LIMIT: &str = "64M";
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("m.json");
     let data = sf01().to_str().unwrap();
-    let client = Client::start(&[
-        "--mode",
-        "cluster",
-        "--workers",
-        "2",
-        "--memory-limit",
-        MEMORY_LIMIT,
-        "tpch",
-        "run",
-        "--data",
-        data,
-        "--compare-local",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (output, stderr) = client.finish();
+    // `tpch run` on 2 worker processes under the limit, its `--json` written to `json`.
+    let run = |joins: &str, json: &Path, extra: &[&str]| {
+        let mut args = vec!["--mode", "cluster", "--workers", "2"];
+        args.extend(["--memory-limit", MEMORY_LIMIT, "--joins", joins]);
+        args.extend([
+            "tpch",
+            "run",
+            "--data",
+            data,
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        args.extend_from_slice(extra);
+        Client::start(&args).finish()
+    };
+    let json = dir.path().join("m.json");
+    let (output, stderr) = run("auto", &json, &["--compare-local"]);
     let stdout = text(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
@@ -427,25 +427,7 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
     // With hash joins under the same budget, q18 spills nothing: its spills were the sorts of its
     // sort-merge joins (and local mode plans them too under a limit, unless told otherwise).
     let hash = dir.path().join("hash.json");
-    let client = Client::start(&[
-        "--mode",
-        "cluster",
-        "--workers",
-        "2",
-        "--memory-limit",
-        MEMORY_LIMIT,
-        "--joins",
-        "hash",
-        "tpch",
-        "run",
-        "--data",
-        data,
-        "--query",
-        "18",
-        "--json",
-        hash.to_str().unwrap(),
-    ]);
-    let (output, stderr) = client.finish();
+    let (output, stderr) = run("hash", &hash, &["--query", "18"]);
     assert!(output.status.success(), "{stderr}");
     let queries = json_queries(&hash);
     assert_eq!(queries[0]["query"], 18);
