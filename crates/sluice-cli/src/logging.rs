@@ -9,11 +9,13 @@
 //!
 //! Log lines go to stderr (results own stdout). `SLUICE_LOG` filters them with tracing's directive
 //! syntax (`info`, `sluice::driver=debug`); the default is `warn`, so a command's stderr shows its
-//! progress and errors only. Worker processes that `--mode cluster` starts inherit `SLUICE_LOG` and
-//! `SLUICE_LOG_FORMAT`; their lines reach the client's stderr prefixed with the worker.
+//! progress and errors only. Worker processes that `--mode cluster` starts inherit `SLUICE_LOG`,
+//! and get this process's log format and OTLP endpoint (flag or variable) through
+//! [`worker_env`]; their lines reach the client's stderr prefixed with the worker.
 //! Invariant: installing fails with a clear error rather than running without the asked-for export.
 
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use sluice_engine::SluiceError;
 use tracing_subscriber::layer::SubscriberExt;
@@ -23,6 +25,21 @@ use tracing_subscriber::{EnvFilter, Layer};
 /// The environment variable holding the log filter.
 pub const LOG_FILTER_VAR: &str = "SLUICE_LOG";
 
+/// The environment variable holding the log format.
+pub const LOG_FORMAT_VAR: &str = "SLUICE_LOG_FORMAT";
+
+/// The environment variable holding the OTLP endpoint.
+pub const OTLP_ENDPOINT_VAR: &str = "SLUICE_OTLP_ENDPOINT";
+
+/// What [`install`] set up, as the variables a worker process needs to do the same.
+static WORKER_ENV: OnceLock<Vec<(String, String)>> = OnceLock::new();
+
+/// The variables each spawned worker process gets so that it logs and exports as this process
+/// does (empty before [`install`]).
+pub fn worker_env() -> Vec<(String, String)> {
+    WORKER_ENV.get().cloned().unwrap_or_default()
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LogFormat {
@@ -31,6 +48,16 @@ pub enum LogFormat {
     Text,
     /// One JSON object per event: `timestamp`, `level`, `target`, `fields`, `span`, `spans`.
     Json,
+}
+
+impl LogFormat {
+    /// The name `--log-format` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 impl FromStr for LogFormat {
@@ -82,6 +109,11 @@ pub fn install(
         LogFormat::Text => lines.boxed(),
         LogFormat::Json => lines.json().with_current_span(true).boxed(),
     };
+    let mut env = vec![(LOG_FORMAT_VAR.to_string(), format.name().to_string())];
+    if let Some(endpoint) = otlp_endpoint {
+        env.push((OTLP_ENDPOINT_VAR.to_string(), endpoint.to_string()));
+    }
+    let _ = WORKER_ENV.set(env);
     let registry = tracing_subscriber::registry().with(lines.with_filter(filter));
     let guard = LoggingGuard::default();
     match otlp_endpoint {

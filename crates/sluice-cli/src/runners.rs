@@ -55,6 +55,7 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             options.exchange = exchange;
             options.secret = given_secret();
             options.tls = given_tls();
+            options.worker_env = crate::logging::worker_env();
             Arc::new(ProcessClusterRunner::with_options(options))
         }
     }

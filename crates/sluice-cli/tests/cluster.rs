@@ -447,6 +447,44 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
     }
 }
 
+#[test]
+fn spawned_workers_log_in_the_format_the_clients_flag_asked_for() {
+    let output = sluice()
+        .env("SLUICE_LOG", "sluice::worker=debug")
+        .env_remove("SLUICE_LOG_FORMAT")
+        .args([
+            "--mode",
+            "cluster",
+            "--workers",
+            "1",
+            "--log-format",
+            "json",
+        ])
+        .args(["sql", "--data", sf01().to_str().unwrap(), "--format", "csv"])
+        .arg("select count(*) from nation")
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(text(&output.stdout), "count(*)\n25\n");
+    // The worker's lines, relayed under its prefix: the one line it prints once registered, then
+    // only JSON events.
+    let relayed: Vec<&str> = stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("[worker process 1] "))
+        .filter(|line| !line.contains("joined the driver"))
+        .collect();
+    let events: Vec<serde_json::Value> = relayed
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let attempts = events
+        .iter()
+        .filter(|e| e["span"]["name"] == "task attempt")
+        .count();
+    assert!(attempts > 0, "{stderr}");
+}
+
 /// A free loopback port (bound and released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -59,6 +59,9 @@ pub struct ProcessClusterOptions {
     pub secret: Option<ClusterSecret>,
     /// Mutual TLS on every call; spawned workers get the same files.
     pub tls: Option<ClusterTls>,
+    /// Environment variables set on each spawned worker, over those it inherits (the client's
+    /// log format and trace export).
+    pub worker_env: Vec<(String, String)>,
 }
 
 impl ProcessClusterOptions {
@@ -78,6 +81,7 @@ impl ProcessClusterOptions {
             exchange: OutputMode::Pipelined,
             secret: None,
             tls: None,
+            worker_env: Vec::new(),
         }
     }
 }
@@ -321,6 +325,7 @@ fn spawn_worker(
             &options.heartbeat_interval.as_millis().to_string(),
         ])
         .arg("--exit-with-stdin")
+        .envs(options.worker_env.iter().map(|(name, value)| (name, value)))
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
