@@ -41,9 +41,12 @@ use crate::topology::JobTopology;
 
 /// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
 /// stages run as separate tasks, each with its own plan instance:
-/// - a scan must not steal files from its sibling partitions (other tasks read them);
-/// - a partitioned hash join's dynamic filter waits for every partition of its instance, which run in
-///   other tasks;
+/// - a scan must not steal files from its sibling partitions: a task's scan instance would put every
+///   file group into its one shared queue and its one partition would read them all (rows read N
+///   times across the N tasks);
+/// - a hash join's dynamic filter waits for a report from every partition of its instance (probe
+///   partitions for collect-left, build partitions for partitioned joins), which run in other
+///   tasks: the one partition a task runs would wait forever;
 /// - a physical scalar subquery's value cannot cross a stage boundary.
 pub const DISTRIBUTED_SETTINGS: &[(&str, &str)] = &[
     (
