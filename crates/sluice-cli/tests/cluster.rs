@@ -385,7 +385,7 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
     // Each worker's one pool is MEMORY_LIMIT: the partitioned joins become sort-merge joins whose
     // sorts spill to the workers' work directories; every answer must still be local mode's
     // (which runs unlimited, with hash joins).
-    const MEMORY_LIMIT: &str = "64M";
+    const MEMORY_LIMIT: &str = "32M";
     let dir = tempfile::tempdir().unwrap();
     let data = sf01().to_str().unwrap();
     // `tpch run` on 2 worker processes under the limit, its `--json` written to `json`.
@@ -423,6 +423,11 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
     // q18 sorts lineitem's join side by order key: more than a worker's pool.
     let q18 = spilled.iter().find(|(q, _)| *q == 18).unwrap().1;
     assert!(q18 > 1 << 20, "q18 spilled {q18} B: {spilled:?}");
+    // The budget was met by spilling, not by failing and retrying regions (the sorts' merge
+    // reservations are scaled to the limit).
+    for query in &queries {
+        assert_eq!(query["regions_retried"], 0, "{query}");
+    }
 
     // With hash joins under the same budget, q18 spills nothing: its spills were the sorts of its
     // sort-merge joins (and local mode plans them too under a limit, unless told otherwise).

@@ -559,9 +559,34 @@ impl SluiceConfig {
             .sort_merge(self.memory_limit.value.is_some())
     }
 
+    /// DataFusion settings Sluice derives from its own, unless the user set them: under a memory
+    /// limit, each sort's merge reservation is a 32nd of the limit (at least 256 KiB, at most
+    /// DataFusion's 10 MiB), so that a small budget is not taken by the reservations of the sorts
+    /// that run at once (two per sort-merge join partition) before any of them holds a row.
+    pub fn derived_settings(&self) -> Vec<(&'static str, String)> {
+        const SORT_RESERVATION: &str = "datafusion.execution.sort_spill_reservation_bytes";
+        let mut derived = Vec::new();
+        if let Some(limit) = self.memory_limit.value
+            && !self.session.contains_key(SORT_RESERVATION)
+        {
+            let bytes = (limit.0 / 32).clamp(256 << 10, 10 << 20);
+            derived.push((SORT_RESERVATION, bytes.to_string()));
+        }
+        derived
+    }
+
     /// The DataFusion session configuration these settings describe.
     pub fn session_config(&self) -> Result<SessionConfig> {
         let mut config = SessionConfig::new();
+        for (key, value) in self.derived_settings() {
+            config
+                .options_mut()
+                .set(key, &value)
+                .map_err(|e| SluiceError::Config {
+                    source_name: "memory_limit".to_string(),
+                    message: format!("setting {key}: {}", first_line(&e.to_string())),
+                })?;
+        }
         for (key, value) in &self.session {
             config
                 .options_mut()
@@ -641,6 +666,7 @@ impl SluiceConfig {
             );
         }
         let _ = writeln!(out, "\n[session]");
+        let derived = self.derived_settings();
         if all {
             let config = self.session_config()?;
             for entry in config.options().entries() {
@@ -648,6 +674,8 @@ impl SluiceConfig {
                 let required = self.mode.value.required_settings();
                 let source = if required.iter().any(|(k, _)| *k == entry.key) {
                     format!("mode {} (required)", self.mode.value)
+                } else if derived.iter().any(|(k, _)| *k == entry.key) {
+                    "memory_limit".to_string()
                 } else {
                     self.session
                         .get(&entry.key)
@@ -662,6 +690,9 @@ impl SluiceConfig {
                 if !required.iter().any(|(k, _)| k == key) {
                     let _ = writeln!(out, "{key:?} = {:?}  # from {}", value.value, value.source);
                 }
+            }
+            for (key, value) in &derived {
+                let _ = writeln!(out, "{key:?} = {value:?}  # from memory_limit");
             }
             for (key, value) in required {
                 let _ = writeln!(
@@ -840,5 +871,44 @@ mod tests {
             error.to_string(),
             "config bad.toml: unknown joins 'nested' (known: auto, hash, sort-merge)"
         );
+    }
+
+    #[test]
+    fn a_memory_limit_scales_the_sorts_merge_reservation_unless_it_is_set() {
+        let key = "datafusion.execution.sort_spill_reservation_bytes";
+        let reservation = |config: &SluiceConfig| {
+            config
+                .session_config()
+                .unwrap()
+                .options()
+                .execution
+                .sort_spill_reservation_bytes
+        };
+        let mut config = SluiceConfig::default();
+        assert_eq!(reservation(&config), 10 << 20, "DataFusion's default");
+        for (limit, expected) in [("64M", 2 << 20), ("4M", 256 << 10), ("1G", 10 << 20)] {
+            let layer =
+                ConfigLayer::from_toml(&format!("memory_limit = \"{limit}\""), "t").unwrap();
+            config.apply(layer, "t").unwrap();
+            assert_eq!(reservation(&config), expected, "{limit}");
+        }
+        config
+            .apply(
+                ConfigLayer::from_toml("memory_limit = \"64M\"", "t").unwrap(),
+                "t",
+            )
+            .unwrap();
+        let text = config.to_toml(false).unwrap();
+        assert!(
+            text.contains(&format!("\"{key}\" = \"2097152\"  # from memory_limit")),
+            "{text}"
+        );
+        let layer = ConfigLayer {
+            session: vec![(key.into(), "5000000".into())],
+            ..Default::default()
+        };
+        config.apply(layer, "--set").unwrap();
+        assert_eq!(reservation(&config), 5_000_000, "the user's value wins");
+        assert!(!config.to_toml(false).unwrap().contains("from memory_limit"));
     }
 }
