@@ -36,6 +36,7 @@ use datafusion::arrow::compute::SortOptions;
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
@@ -168,7 +169,7 @@ fn sort_merge_join(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
         .map(|&i| {
             let name = schema.field(i).name().clone();
             (
-                Arc::new(Column::new(&name, i)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+                Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
                 name,
             )
         })
@@ -340,8 +341,8 @@ mod tests {
         null_aware: bool,
     ) -> Arc<dyn ExecutionPlan> {
         let on = vec![(
-            Arc::new(Column::new("k", 0)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
-            Arc::new(Column::new("k", 0)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
         )];
         Arc::new(
             HashJoinExec::try_new(

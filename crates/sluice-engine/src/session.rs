@@ -17,13 +17,15 @@ use arrow::array::{RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::prelude::SessionConfig;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParserBuilder, Statement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
@@ -131,13 +133,11 @@ impl SluiceSession {
             let bytes = usize::try_from(limit.0).unwrap_or(usize::MAX);
             runtime = runtime.with_memory_limit(bytes, 1.0);
         }
-        let state = SessionStateBuilder::new()
-            .with_config(session_config)
-            .with_runtime_env(runtime.build_arc()?)
-            .with_default_features()
-            .with_physical_optimizer_rules(physical_optimizer_rules(config.sort_merge_joins()))
-            .build();
-        let ctx = SessionContext::new_with_state(state);
+        let ctx = new_context(
+            session_config,
+            runtime.build_arc()?,
+            physical_optimizer_rules(config.sort_merge_joins()),
+        );
         register_system_tables(&ctx, Arc::clone(&runner))?;
         Ok(Self {
             ctx,
@@ -384,13 +384,10 @@ impl SluiceSession {
     /// settings (and its join rule): what it creates or sets afterwards (tables, views, `SET`) stays its own.
     pub async fn fork(&self) -> Result<SluiceSession> {
         let state = self.ctx.state();
-        let ctx = SessionContext::new_with_state(
-            SessionStateBuilder::new()
-                .with_config(state.config().clone())
-                .with_runtime_env(state.runtime_env().clone())
-                .with_default_features()
-                .with_physical_optimizer_rules(state.physical_optimizers().to_vec())
-                .build(),
+        let ctx = new_context(
+            state.config().clone(),
+            state.runtime_env().clone(),
+            state.physical_optimizers().to_vec(),
         );
         for name in self.tables.keys() {
             let provider = self.ctx.table_provider(name.as_str()).await?;
@@ -474,6 +471,23 @@ impl SluiceSession {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// A context with DataFusion's default features, `config`, `runtime` and these physical optimizer
+/// rules (DataFusion's own, with the join rule the configuration selects).
+fn new_context(
+    config: SessionConfig,
+    runtime: Arc<RuntimeEnv>,
+    rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>,
+) -> SessionContext {
+    SessionContext::new_with_state(
+        SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rules(rules)
+            .build(),
+    )
 }
 
 /// Collects a stream into a [`StatementOutput`].

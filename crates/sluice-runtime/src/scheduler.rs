@@ -661,4 +661,4 @@ fn start_region(job: JobId, state: &mut Job, region: RegionId) -> SchedulerActio
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

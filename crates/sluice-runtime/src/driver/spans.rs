@@ -137,7 +137,6 @@ fn close_attempt(span: Span, state: &str, error: Option<&str>) {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use sluice_planner::TaskId;
     use tracing::span::{Attributes, Id, Record};
     use tracing::subscriber::with_default;
     use tracing_subscriber::Layer;
@@ -145,6 +144,7 @@ mod tests {
     use tracing_subscriber::registry::LookupSpan;
 
     use super::*;
+    use crate::scheduler::tests::attempt;
 
     /// A span as it closed: its name, its fields (`stage`, `attempt`, `state`) and its parent's name.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,16 +201,6 @@ mod tests {
             if let Ok(mut all) = self.0.lock() {
                 all.push(closed);
             }
-        }
-    }
-
-    fn attempt(stage: usize, partition: usize, attempt: usize) -> TaskAttempt {
-        TaskAttempt {
-            task: TaskId {
-                stage: StageId(stage),
-                partition,
-            },
-            attempt,
         }
     }
 

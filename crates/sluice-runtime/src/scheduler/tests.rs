@@ -45,7 +45,8 @@ fn pipelined_job() -> Arc<JobGraph> {
     ])
 }
 
-fn attempt(stage: usize, partition: usize, attempt: usize) -> TaskAttempt {
+/// Attempt `attempt` of `stage`'s task `partition` (also used by other modules' tests).
+pub(crate) fn attempt(stage: usize, partition: usize, attempt: usize) -> TaskAttempt {
     TaskAttempt {
         task: TaskId {
             stage: StageId(stage),
