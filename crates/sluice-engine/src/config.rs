@@ -55,6 +55,11 @@ impl ExecutionMode {
         }
     }
 
+    /// Whether this mode runs queries through a job graph (every mode but `local`).
+    pub fn is_distributed(self) -> bool {
+        self != ExecutionMode::Local
+    }
+
     /// DataFusion settings this mode needs for correct results, applied over every layer: a job-graph
     /// mode needs [`sluice_planner::DISTRIBUTED_SETTINGS`].
     pub fn required_settings(self) -> &'static [(&'static str, &'static str)] {
@@ -559,31 +564,59 @@ impl SluiceConfig {
             .sort_merge(self.memory_limit.value.is_some())
     }
 
-    /// DataFusion settings Sluice derives from its own, unless the user set them: under a memory
-    /// limit, each sort's merge reservation is a 32nd of the limit (at least 256 KiB, at most
-    /// DataFusion's 10 MiB), so that a small budget is not taken by the reservations of the sorts
-    /// that run at once (two per sort-merge join partition) before any of them holds a row.
-    pub fn derived_settings(&self) -> Vec<(&'static str, String)> {
+    /// DataFusion settings Sluice derives from its own, unless the user set them, each with what it
+    /// is derived from: under a memory limit, each sort's merge reservation is a 32nd of the limit
+    /// (at least 256 KiB, at most DataFusion's 10 MiB), so that a small budget is not taken by the
+    /// reservations of the sorts that run at once (two per sort-merge join partition) before any of
+    /// them holds a row; in a distributed mode, [`Self::distributed_defaults`].
+    pub fn derived_settings(&self) -> Vec<(&'static str, String, String)> {
         const SORT_RESERVATION: &str = "datafusion.execution.sort_spill_reservation_bytes";
         let mut derived = Vec::new();
         if let Some(limit) = self.memory_limit.value
             && !self.session.contains_key(SORT_RESERVATION)
         {
             let bytes = (limit.0 / 32).clamp(256 << 10, 10 << 20);
-            derived.push((SORT_RESERVATION, bytes.to_string()));
+            derived.push((
+                SORT_RESERVATION,
+                bytes.to_string(),
+                "memory_limit".to_string(),
+            ));
+        }
+        if self.mode.value.is_distributed() {
+            let from = format!("mode {}", self.mode.value);
+            derived.extend(
+                self.distributed_defaults()
+                    .into_iter()
+                    .map(|(key, value)| (key, value, from.clone())),
+            );
         }
         derived
+    }
+
+    /// The settings a distributed run of this configuration plans with unless the user set them,
+    /// whatever the mode (`EXPLAIN DISTRIBUTED` in a local session shows the plan a cluster would
+    /// run): hash joins broadcast build sides estimated under
+    /// [`sluice_planner::DISTRIBUTED_BROADCAST_THRESHOLD`], except when partitioned joins are
+    /// sort-merge joins (`joins`): a broadcast hash join holds its whole build side in every task
+    /// and cannot spill, so a memory-bounded plan keeps DataFusion's smaller threshold.
+    pub fn distributed_defaults(&self) -> Vec<(&'static str, String)> {
+        let (key, value) = sluice_planner::DISTRIBUTED_BROADCAST_THRESHOLD;
+        if self.sort_merge_joins() || self.session.contains_key(key) {
+            Vec::new()
+        } else {
+            vec![(key, value.to_string())]
+        }
     }
 
     /// The DataFusion session configuration these settings describe.
     pub fn session_config(&self) -> Result<SessionConfig> {
         let mut config = SessionConfig::new();
-        for (key, value) in self.derived_settings() {
+        for (key, value, from) in self.derived_settings() {
             config
                 .options_mut()
                 .set(key, &value)
                 .map_err(|e| SluiceError::Config {
-                    source_name: "memory_limit".to_string(),
+                    source_name: from,
                     message: format!("setting {key}: {}", first_line(&e.to_string())),
                 })?;
         }
@@ -674,8 +707,8 @@ impl SluiceConfig {
                 let required = self.mode.value.required_settings();
                 let source = if required.iter().any(|(k, _)| *k == entry.key) {
                     format!("mode {} (required)", self.mode.value)
-                } else if derived.iter().any(|(k, _)| *k == entry.key) {
-                    "memory_limit".to_string()
+                } else if let Some((_, _, from)) = derived.iter().find(|(k, ..)| *k == entry.key) {
+                    from.clone()
                 } else {
                     self.session
                         .get(&entry.key)
@@ -691,8 +724,8 @@ impl SluiceConfig {
                     let _ = writeln!(out, "{key:?} = {:?}  # from {}", value.value, value.source);
                 }
             }
-            for (key, value) in &derived {
-                let _ = writeln!(out, "{key:?} = {value:?}  # from memory_limit");
+            for (key, value, from) in &derived {
+                let _ = writeln!(out, "{key:?} = {value:?}  # from {from}");
             }
             for (key, value) in required {
                 let _ = writeln!(
@@ -910,5 +943,69 @@ mod tests {
         config.apply(layer, "--set").unwrap();
         assert_eq!(reservation(&config), 5_000_000, "the user's value wins");
         assert!(!config.to_toml(false).unwrap().contains("from memory_limit"));
+    }
+
+    #[test]
+    fn distributed_modes_broadcast_build_sides_under_10_mib_unless_joins_sort_merge_or_the_user_chose()
+     {
+        let key = "datafusion.optimizer.hash_join_single_partition_threshold";
+        let threshold = |config: &SluiceConfig| {
+            config
+                .session_config()
+                .unwrap()
+                .options()
+                .optimizer
+                .hash_join_single_partition_threshold
+        };
+        let with = |toml: &str| {
+            let mut config = SluiceConfig::default();
+            config
+                .apply(ConfigLayer::from_toml(toml, "t").unwrap(), "t")
+                .unwrap();
+            config
+        };
+        assert_eq!(
+            threshold(&with("mode = \"local\"")),
+            1 << 20,
+            "DataFusion's default"
+        );
+        for mode in ["local-graph", "local-cluster", "cluster"] {
+            let config = with(&format!("mode = \"{mode}\""));
+            assert_eq!(threshold(&config), 10 << 20, "{mode}");
+            let text = config.to_toml(false).unwrap();
+            assert!(
+                text.contains(&format!("\"{key}\" = \"10485760\"  # from mode {mode}\n")),
+                "{text}"
+            );
+        }
+        // Local mode plans with DataFusion's value but knows the distributed one (EXPLAIN
+        // DISTRIBUTED uses it).
+        assert_eq!(
+            with("mode = \"local\"").distributed_defaults(),
+            [(key, "10485760".to_string())]
+        );
+        // Sort-merge joins bound memory; a broadcast hash join cannot spill, so the default stays.
+        let limited = with("mode = \"cluster\"\nmemory_limit = \"1G\"");
+        assert_eq!(threshold(&limited), 1 << 20);
+        assert!(limited.distributed_defaults().is_empty());
+        let hash = with("mode = \"cluster\"\nmemory_limit = \"1G\"\njoins = \"hash\"");
+        assert_eq!(threshold(&hash), 10 << 20);
+        let sort_merge = with("mode = \"cluster\"\njoins = \"sort-merge\"");
+        assert_eq!(threshold(&sort_merge), 1 << 20);
+        // The user's value wins, and is shown as theirs.
+        let mut chosen = with("mode = \"cluster\"");
+        let layer = ConfigLayer {
+            session: vec![(key.into(), "2000000".into())],
+            ..Default::default()
+        };
+        chosen.apply(layer, "--set").unwrap();
+        assert_eq!(threshold(&chosen), 2_000_000);
+        assert!(chosen.distributed_defaults().is_empty());
+        let text = chosen.to_toml(false).unwrap();
+        assert!(
+            text.contains(&format!("\"{key}\" = \"2000000\"  # from --set")),
+            "{text}"
+        );
+        assert!(!text.contains("# from mode cluster\n"), "{text}");
     }
 }

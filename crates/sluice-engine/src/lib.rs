@@ -10,13 +10,15 @@
 //!                                   record-batch stream to the caller
 //! ```
 //!
-//! `config` holds the typed, layered configuration; `joins` the join-algorithm rule it selects. The engine knows no runner beyond the trait:
+//! `config` holds the typed, layered configuration; `joins` the join-algorithm rule it selects;
+//! `scan_balance` re-cuts Parquet scans into row-group-aligned, equal-row groups for distributed runs. The engine knows no runner beyond the trait:
 //! the front end (the CLI) builds the runner of the configured mode and hands it to the session.
 
 pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod joins;
+pub mod scan_balance;
 pub mod session;
 pub mod system_tables;
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use arrow::array::{RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{ParamValues, ScalarValue};
+use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
@@ -37,6 +38,7 @@ use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
 use crate::joins::physical_optimizer_rules;
+use crate::scan_balance::balance_scans;
 use crate::system_tables::register_system_tables;
 use sluice_planner::JobGraph;
 use sluice_planner::explain::{explain_json, explain_text};
@@ -111,6 +113,9 @@ pub struct SluiceSession {
     ctx: SessionContext,
     runner: Arc<dyn JobRunner>,
     tables: BTreeMap<String, TableSource>,
+    /// The configuration's [`SluiceConfig::distributed_defaults`], each with the value the session
+    /// started with: a distributed plan uses the default while the session still has that value.
+    distributed_defaults: Vec<(&'static str, String, String)>,
 }
 
 impl std::fmt::Debug for SluiceSession {
@@ -128,6 +133,11 @@ impl SluiceSession {
     /// runner of `config`'s mode; the front end picks it).
     pub fn new(config: &SluiceConfig, runner: Arc<dyn JobRunner>) -> Result<Self> {
         let session_config = config.session_config()?;
+        let distributed_defaults = config
+            .distributed_defaults()
+            .into_iter()
+            .map(|(key, value)| (key, value, option_value(session_config.options(), key)))
+            .collect();
         let mut runtime = RuntimeEnvBuilder::new();
         if let Some(limit) = config.memory_limit.value {
             let bytes = usize::try_from(limit.0).unwrap_or(usize::MAX);
@@ -143,6 +153,7 @@ impl SluiceSession {
             ctx,
             runner,
             tables: BTreeMap::new(),
+            distributed_defaults,
         })
     }
 
@@ -242,7 +253,18 @@ impl SluiceSession {
         let state = self.ctx.state();
         let logical = state.statement_to_plan(statement).await?;
         let frame = self.ctx.execute_logical_plan(logical).await?;
-        Ok(frame.create_physical_plan().await?)
+        self.physical_plan(frame).await
+    }
+
+    /// `frame`'s physical plan, prepared for the session's runner: a runner of job graphs gets
+    /// balanced scans ([`crate::scan_balance`]).
+    async fn physical_plan(&self, frame: DataFrame) -> Result<Arc<dyn ExecutionPlan>> {
+        let plan = frame.create_physical_plan().await?;
+        if self.runner.runs_job_graphs() {
+            Ok(balance_scans(plan, &self.ctx.runtime_env()).await?)
+        } else {
+            Ok(plan)
+        }
     }
 
     /// Plans and starts one statement; the stream does the work as it is polled.
@@ -324,7 +346,7 @@ impl SluiceSession {
             logical = logical.with_param_values(ParamValues::from(parameters))?;
         }
         let frame = self.ctx.execute_logical_plan(logical).await?;
-        let plan = frame.create_physical_plan().await?;
+        let plan = self.physical_plan(frame).await?;
         Ok(PlannedStatement::Plan { plan, sources })
     }
 
@@ -338,7 +360,7 @@ impl SluiceSession {
     ) -> Result<PlannedStatement> {
         let sources = self.sources_read_by(statement);
         let frame = self.ctx.execute_logical_plan(logical).await?;
-        let plan = frame.create_physical_plan().await?;
+        let plan = self.physical_plan(frame).await?;
         Ok(PlannedStatement::Plan { plan, sources })
     }
 
@@ -398,6 +420,7 @@ impl SluiceSession {
             ctx,
             runner: self.runner.clone(),
             tables: self.tables.clone(),
+            distributed_defaults: self.distributed_defaults.clone(),
         })
     }
 
@@ -418,14 +441,17 @@ impl SluiceSession {
         self.distributed_graph(statement).await
     }
 
-    /// `statement` planned with the settings a distributed run forces and cut into its job graph.
+    /// `statement` planned as a distributed run plans it (its defaults unless the session changed
+    /// them, and the settings it forces) and cut into its job graph.
     async fn distributed_graph(&self, statement: Statement) -> Result<JobGraph> {
         let mut state = self.ctx.state();
+        apply_distributed_defaults(state.config_mut().options_mut(), &self.distributed_defaults)?;
         for (key, value) in sluice_planner::DISTRIBUTED_SETTINGS {
             state.config_mut().options_mut().set(key, value)?;
         }
         let logical = state.statement_to_plan(statement).await?;
         let plan = state.create_physical_plan(&logical).await?;
+        let plan = balance_scans(plan, state.runtime_env()).await?;
         Ok(JobGraph::try_new_with(plan, &self.runner.graph_options())?)
     }
 
@@ -475,6 +501,30 @@ impl SluiceSession {
 
 /// A context with DataFusion's default features, `config`, `runtime` and these physical optimizer
 /// rules (DataFusion's own, with the join rule the configuration selects).
+/// Sets each of `defaults` (key, distributed value, the session's starting value) in `options`
+/// whose value is still the one the session started with (a `SET` since then wins).
+fn apply_distributed_defaults(
+    options: &mut datafusion::config::ConfigOptions,
+    defaults: &[(&'static str, String, String)],
+) -> Result<()> {
+    for (key, value, started) in defaults {
+        if option_value(options, key) == *started {
+            options.set(key, value)?;
+        }
+    }
+    Ok(())
+}
+
+/// The current value of DataFusion option `key` as text (empty when unset or unknown).
+fn option_value(options: &datafusion::config::ConfigOptions, key: &str) -> String {
+    options
+        .entries()
+        .into_iter()
+        .find(|entry| entry.key == key)
+        .and_then(|entry| entry.value)
+        .unwrap_or_default()
+}
+
 fn new_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
@@ -582,6 +632,46 @@ mod tests {
             Arc::new(sluice_runtime::LocalRunner),
         )
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn distributed_plans_of_a_local_session_use_the_distributed_defaults_until_a_set() {
+        let key = "datafusion.optimizer.hash_join_single_partition_threshold";
+        let session = session();
+        assert_eq!(
+            session.distributed_defaults,
+            [(key, "10485760".to_string(), "1048576".to_string())]
+        );
+        let distributed = |session: &SluiceSession| {
+            let mut options = session.ctx.state().config_options().as_ref().clone();
+            apply_distributed_defaults(&mut options, &session.distributed_defaults).unwrap();
+            options.optimizer.hash_join_single_partition_threshold
+        };
+        let local = |session: &SluiceSession| {
+            let state = session.ctx.state();
+            state
+                .config_options()
+                .optimizer
+                .hash_join_single_partition_threshold
+        };
+        assert_eq!(
+            (local(&session), distributed(&session)),
+            (1 << 20, 10 << 20)
+        );
+        session
+            .run_sql(&format!("SET {key} = 1048576"))
+            .await
+            .unwrap();
+        assert_eq!(
+            distributed(&session),
+            10 << 20,
+            "the same value as the start"
+        );
+        session.run_sql(&format!("SET {key} = 5000")).await.unwrap();
+        assert_eq!((local(&session), distributed(&session)), (5000, 5000));
+        // A fork starts from its parent's defaults.
+        let forked = session.fork().await.unwrap();
+        assert_eq!(forked.distributed_defaults, session.distributed_defaults);
     }
 
     #[test]

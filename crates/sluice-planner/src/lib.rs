@@ -28,8 +28,8 @@ pub use ids::{
 };
 pub use job_graph::input_keys::task_input_keys;
 pub use job_graph::{
-    DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions, OutputDistribution, OutputMode,
-    Stage, StageInput, TaskPlacement, WireCheck,
+    DISTRIBUTED_BROADCAST_THRESHOLD, DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions,
+    OutputDistribution, OutputMode, Stage, StageInput, TaskPlacement, WireCheck,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;

@@ -570,17 +570,7 @@ async fn task_metrics_balance_on(mode: ExecutionMode, runner: Arc<dyn JobRunner>
     let sql = "select n_regionkey, count(*) from nation group by n_regionkey order by 1";
     let rows = rows_of(&session, sql).await;
     assert_eq!(rows.len(), 5, "{rows:?}");
-    let driver = runner.driver().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let job = loop {
-        let jobs = driver.jobs().await.unwrap();
-        let newest = jobs.into_iter().max_by_key(|j| j.job);
-        if let Some(job) = newest.filter(|j| j.ended_ms.is_some() && !j.attempts.is_empty()) {
-            break job;
-        }
-        assert!(Instant::now() < deadline, "the job never ended");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let job = newest_job(runner.as_ref()).await;
     let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
     let last = summaries.len() - 1;
     assert!(last >= 1, "{:?}", job.stage_inputs);
@@ -632,4 +622,72 @@ async fn task_metrics_balance_between_stages_in_local_graph_mode() {
 async fn task_metrics_balance_between_stages_on_a_two_worker_cluster() {
     let runner: Arc<dyn JobRunner> = Arc::new(cluster_runner(2, None));
     task_metrics_balance_on(ExecutionMode::LocalCluster, runner).await;
+}
+
+/// The newest ended job's records on `runner`'s driver.
+async fn newest_job(runner: &dyn JobRunner) -> sluice_runtime::JobRecord {
+    let driver = runner.driver().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let jobs = driver.jobs().await.unwrap();
+        let newest = jobs.into_iter().max_by_key(|j| j.job);
+        if let Some(job) = newest.filter(|j| j.ended_ms.is_some() && !j.attempts.is_empty()) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "the job never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_task_of_a_distributed_scan_reads_one_equal_share_of_its_row_groups() {
+    // Byte ranges for these small files too, as DataFusion cuts large ones: four ranges of equal
+    // bytes over lineitem's four files (one row group each) end a few bytes into the next file,
+    // whose row group the range then takes, so one partition would read two files and another
+    // none. Distributed, each of the four tasks reads one whole file.
+    let settings = [("datafusion.optimizer.repartition_file_min_size", "0")];
+    let local = session(ExecutionMode::Local, &settings).await;
+    let scan = "select l_quantity from lineitem where l_quantity > 5";
+    let Some(SluiceStatement::Sql(statement)) = local.parse_sql(scan).unwrap().pop() else {
+        panic!("one statement");
+    };
+    let plan = local.plan_statement(statement).await.unwrap();
+    let text = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    assert!(
+        text.contains("part-2.parquet:0.."),
+        "DataFusion's ranges cut into a file: {text}"
+    );
+
+    let runner = cluster_runner(2, None);
+    let cluster = tpch_session(
+        ExecutionMode::LocalCluster,
+        &settings,
+        Arc::new(runner.clone()),
+    )
+    .await;
+    let sql = "select l_returnflag, count(*), sum(l_quantity) from lineitem \
+               where l_quantity > 5 group by l_returnflag order by 1";
+    assert_eq!(rows_of(&cluster, sql).await, rows_of(&local, sql).await);
+    let job = newest_job(&runner).await;
+    let mut scanned: Vec<u64> = job
+        .attempts
+        .iter()
+        .filter(|a| a.attempt.task.stage.0 == 0)
+        .map(|a| a.metrics.scanned_rows)
+        .collect();
+    scanned.sort_unstable();
+    let mut files: Vec<u64> = (0..4)
+        .map(|part| {
+            use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+            let path = common::tpch_dir().join(format!("lineitem/part-{part}.parquet"));
+            let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+            assert_eq!(reader.metadata().num_row_groups(), 1);
+            reader.metadata().file_metadata().num_rows() as u64
+        })
+        .collect();
+    files.sort_unstable();
+    assert_eq!(scanned, files, "each task scanned exactly one file");
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }

@@ -26,6 +26,10 @@ impl JobRunner for LocalRunner {
         "local"
     }
 
+    fn runs_job_graphs(&self) -> bool {
+        false
+    }
+
     fn execute(
         &self,
         plan: Arc<dyn ExecutionPlan>,

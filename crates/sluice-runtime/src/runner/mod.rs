@@ -51,6 +51,12 @@ pub trait JobRunner: Debug + Send + Sync {
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream>;
 
+    /// Whether this runner cuts plans into job graphs whose tasks each run one partition (every
+    /// runner but local mode's): such plans are prepared for it first (balanced scans).
+    fn runs_job_graphs(&self) -> bool {
+        true
+    }
+
     /// How this runner cuts plans into job graphs (EXPLAIN DISTRIBUTED shows the same graph).
     fn graph_options(&self) -> JobGraphOptions {
         crate::codec::distributed_graph_options()
