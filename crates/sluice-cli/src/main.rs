@@ -20,10 +20,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sluice_cluster::TlsFiles;
-use sluice_engine::config::{ConfigLayer, parse_memory_limit, parse_setting};
+use sluice_engine::config::{
+    ConfigLayer, parse_duration, parse_memory_limit, parse_setting, parse_task_attempts,
+};
 use sluice_engine::config::{ExchangeMode, FlightCompression};
 use sluice_engine::joins::JoinStrategy;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
@@ -46,7 +49,8 @@ struct Cli {
 #[derive(Debug, Args)]
 struct GlobalArgs {
     /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
-    /// joins, driver_listen, min_workers, [session]).
+    /// joins, driver_listen, min_workers, capacity_wait, max_task_attempts, [session]; see
+    /// `sluice config`).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
@@ -72,6 +76,14 @@ struct GlobalArgs {
     /// Cluster mode: workers that must have joined before the first query runs (default: --workers).
     #[arg(long, global = true, value_name = "N")]
     min_workers: Option<usize>,
+    /// Distributed modes: how long a task region that needs more task slots than the live workers
+    /// have waits for workers to join or be replaced before its job fails (default 60s).
+    #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
+    capacity_wait: Option<Duration>,
+    /// Distributed modes: attempts of a task region before its job fails (default 4; a task whose
+    /// worker process died counts, one cut off by the network does not).
+    #[arg(long, global = true, value_name = "N", value_parser = parse_task_attempts)]
+    max_task_attempts: Option<usize>,
     /// Cluster mode and `sluice worker`: the file holding the cluster secret every call between the
     /// driver and the workers carries (else the SLUICE_SECRET variable; cluster mode makes a random
     /// one when neither is given, enough for the workers it starts itself).
@@ -164,8 +176,10 @@ impl GlobalArgs {
             flight_compression: self.flight_compression,
             exchange: self.exchange,
             joins: self.joins,
-            driver_listen: self.driver_listen.clone(),
-            min_workers: self.min_workers,
+            driver_listen: self.driver_listen.clone().map(Some),
+            min_workers: self.min_workers.map(Some),
+            capacity_wait: self.capacity_wait,
+            max_task_attempts: self.max_task_attempts,
             session,
         };
         config.apply(flags, "command line")?;

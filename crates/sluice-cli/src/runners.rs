@@ -11,7 +11,9 @@ use sluice_cluster::{
 };
 use sluice_engine::config::FlightCompression;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError};
-use sluice_runtime::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner, WorkerOptions};
+use sluice_runtime::{
+    DriverOptions, JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner, WorkerOptions,
+};
 use sluice_slt::RunnerFactory;
 
 /// Worker processes `--mode cluster` starts unless `--workers` says otherwise.
@@ -26,12 +28,14 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
         ExecutionMode::Local => Arc::new(LocalRunner),
         ExecutionMode::LocalGraph => Arc::new(LocalGraphRunner::with_options(LocalGraphOptions {
             exchange,
+            driver: driver_options(config),
             ..LocalGraphOptions::default()
         })),
         ExecutionMode::LocalCluster => Arc::new(LocalClusterRunner::with_options(ClusterOptions {
             workers: config.workers.value,
             compression,
             exchange,
+            driver: driver_options(config),
             worker: WorkerOptions {
                 memory_limit: worker_memory_limit(config),
                 ..WorkerOptions::default()
@@ -46,6 +50,7 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             };
             let executable = std::env::current_exe().unwrap_or_else(|_| "sluice".into());
             let mut options = ProcessClusterOptions::new(executable, workers);
+            options.driver = driver_options(config);
             options.min_workers = config.min_workers.value.unwrap_or(workers);
             if let Some(listen) = &config.driver_listen.value {
                 options.driver_listen = listen.clone();
@@ -58,6 +63,15 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             options.worker_env = crate::logging::worker_env();
             Arc::new(ProcessClusterRunner::with_options(options))
         }
+    }
+}
+
+/// The driver's options from `config`: attempts per task region, the capacity wait.
+fn driver_options(config: &SluiceConfig) -> DriverOptions {
+    DriverOptions {
+        max_attempts: config.max_task_attempts.value,
+        capacity_wait: config.capacity_wait.value,
+        ..DriverOptions::default()
     }
 }
 

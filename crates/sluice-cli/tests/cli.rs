@@ -147,6 +147,62 @@ fn tpch_gen_then_run_at_sf_001() {
     assert_eq!(report["scale_factor"], 0.01);
 }
 
+/// TPC-H q19 through sort-merge joins: its join's filter (quantity, brand, container, size and
+/// ship mode over both sides) lists the part side first once `JoinSelection` swaps the join, which
+/// DataFusion's sort-merge join read at the wrong positions ("expected Decimal128(15, 2) but found
+/// Utf8View"). Collect-left thresholds of 0 make the join partitioned at this scale, as at SF 10.
+#[test]
+fn q19_through_a_sort_merge_join_answers_as_local_mode_does() {
+    let dir = tpch_dir();
+    for mode in ["local", "local-graph"] {
+        let output = run(&[
+            "--mode",
+            mode,
+            "--joins",
+            "sort-merge",
+            "--set",
+            "datafusion.optimizer.hash_join_single_partition_threshold=0",
+            "--set",
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows=0",
+            "tpch",
+            "run",
+            "--data",
+            dir.to_str().unwrap(),
+            "-q",
+            "19",
+            "--compare-local",
+        ]);
+        let out = stdout(&output);
+        assert!(
+            output.status.success(),
+            "{mode}: {out}\n{}",
+            stderr(&output)
+        );
+        let q19 = out
+            .lines()
+            .find(|line| line.starts_with("q19 "))
+            .unwrap_or("");
+        assert!(q19.contains("same as local"), "{mode}: {out}");
+        let explained = run(&[
+            "--mode",
+            mode,
+            "--joins",
+            "sort-merge",
+            "--set",
+            "datafusion.optimizer.hash_join_single_partition_threshold=0",
+            "--set",
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows=0",
+            "sql",
+            "--data",
+            dir.to_str().unwrap(),
+            "explain select sum(l_extendedprice) from lineitem, part where p_partkey = l_partkey \
+             and (p_brand = 'Brand#12' and l_quantity >= 1 or p_size > 40)",
+        ]);
+        let plan = stdout(&explained);
+        assert!(plan.contains("SortMergeJoinExec"), "{mode}: {plan}");
+    }
+}
+
 #[test]
 fn tpch_run_json_counts_each_querys_task_attempts_in_a_distributed_mode() {
     let dir = tpch_dir();

@@ -66,7 +66,10 @@ impl GrpcWorkerClient {
 }
 
 impl WorkerClient for GrpcWorkerClient {
-    fn run_task(&self, definition: TaskDefinition) -> BoxFuture<'static, Result<(), RunTaskError>> {
+    fn run_task(
+        &self,
+        definition: TaskDefinition,
+    ) -> BoxFuture<'static, Result<u64, RunTaskError>> {
         let mut client = self.client.clone();
         let address = self.address.clone();
         async move {
@@ -75,7 +78,7 @@ impl WorkerClient for GrpcWorkerClient {
                 error: RemoteError::of(&error),
             })?;
             match client.run_task(proto::RunTaskRequest { task }).await {
-                Ok(_) => Ok(()),
+                Ok(response) => Ok(response.into_inner().accepted),
                 Err(status) => Err(RunTaskError {
                     refused: peer_answered(&status),
                     error: from_status(

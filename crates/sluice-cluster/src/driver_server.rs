@@ -3,14 +3,16 @@
 //! streams of driver-placed stages, which workers read like any other) on one address.
 //!
 //! ```text
-//!   RegisterWorker(address, slots) ─► GrpcWorkerClient ─► Driver (registration, heartbeats)
-//!   Heartbeat(worker id) ──────────────────────────────► Driver
-//!   ReportTaskStatus ─► wire::report_from_proto ───────► Driver
+//!   RegisterWorker(address, slots) ─► GrpcWorkerClient ─► Driver (registration; answers its epoch)
+//!   Heartbeat(worker id, epoch, known attempts) ───────► Driver (liveness, reconciliation)
+//!   ReportTaskStatus(epoch) ─► wire::report_from_proto ► Driver
 //!   DoGet ─► the driver executor's StreamStore
 //! ```
 //!
-//! Invariant: a request the driver cannot use (no address, no slots, an address that is not
-//! `host:port`, a malformed report) gets `InvalidArgument` and changes nothing.
+//! Invariants: a request the driver cannot use (no address, no slots, an address that is not
+//! `host:port`, a malformed report) gets `InvalidArgument` and changes nothing; a heartbeat or a
+//! report carrying another driver instance's epoch changes nothing either: the heartbeat is
+//! answered "not registered" (the worker registers afresh) and the report `FailedPrecondition`.
 
 use std::sync::Arc;
 
@@ -18,7 +20,9 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::Result;
 use datafusion::common::runtime::SpawnedTask;
 use sluice_planner::WorkerId;
-use sluice_runtime::driver::{DriverHandle, ExecutorEndpoint, Liveness, WorkerRegistration};
+use sluice_runtime::driver::{
+    DriverHandle, ExecutorEndpoint, Liveness, WorkerBeat, WorkerRegistration,
+};
 use sluice_runtime::runner::{ClusterState, WorkerState};
 use sluice_runtime::transport::InProcessClient;
 use sluice_runtime::{Driver, DriverOptions, Worker, WorkerOptions};
@@ -31,7 +35,7 @@ use crate::flight::{FlightFetcher, StreamFlightService};
 use crate::net::{bind, incoming};
 use crate::proto;
 use crate::proto::driver_service_server::{DriverService, DriverServiceServer};
-use crate::wire::report_from_proto;
+use crate::wire::{attempt_from_proto, report_from_proto};
 
 /// A driver serving on its own address; dropping it stops its server, actor and executor.
 pub(crate) struct ClusterDriver {
@@ -172,6 +176,7 @@ impl DriverService for DriverEndpoint {
             .map_err(shutting_down)?;
         Ok(Response::new(proto::RegisterWorkerResponse {
             worker_id: id.0,
+            driver_epoch: self.driver.epoch(),
         }))
     }
 
@@ -179,9 +184,20 @@ impl DriverService for DriverEndpoint {
         &self,
         request: Request<proto::HeartbeatRequest>,
     ) -> Result<Response<proto::HeartbeatResponse>, Status> {
+        let request = request.into_inner();
+        if request.driver_epoch != self.driver.epoch() {
+            // Registered with another driver instance: whatever it holds belongs to that one.
+            return Ok(Response::new(proto::HeartbeatResponse {
+                registered: false,
+            }));
+        }
+        let beat = WorkerBeat {
+            known: request.attempts.iter().map(attempt_from_proto).collect(),
+            accepted: request.accepted,
+        };
         let registered = self
             .driver
-            .heartbeat_checked(WorkerId(request.into_inner().worker_id))
+            .heartbeat_reporting(WorkerId(request.worker_id), Some(beat))
             .await
             .map_err(shutting_down)?;
         Ok(Response::new(proto::HeartbeatResponse { registered }))
@@ -206,8 +222,15 @@ impl DriverService for DriverEndpoint {
         &self,
         request: Request<proto::TaskStatusReport>,
     ) -> Result<Response<proto::ReportTaskStatusResponse>, Status> {
-        let report = report_from_proto(&request.into_inner())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let request = request.into_inner();
+        let report =
+            report_from_proto(&request).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if request.driver_epoch != self.driver.epoch() {
+            return Err(Status::failed_precondition(format!(
+                "a report for another driver instance (epoch {}); this worker must register again",
+                request.driver_epoch
+            )));
+        }
         self.driver.report(report).map_err(shutting_down)?;
         Ok(Response::new(proto::ReportTaskStatusResponse {}))
     }

@@ -4,6 +4,7 @@
 //!   reader (consumer task or job output)            worker holding the stream
 //!     DoGet(ticket = TaskStreamKey) ───────────────► store.take(stream) (waits for the task)
 //!     ◄── FlightData (Arrow IPC; lz4/zstd optional) ── the stream's receiver
+//!     ◄── FlightData(app_metadata = end marker)   ── only after the writer finished its output
 //!     ◄── or a status: code by error kind, the error in its details
 //! ```
 //!
@@ -11,7 +12,10 @@
 //! types and dictionaries unchanged); a malformed or unknown ticket gets an error reply and the server keeps serving; a
 //! failed read reaches the reader with its kind (so a consumer's retry decision sees a transport
 //! failure as one); when a reader drops its stream, the server drops the receiver, so the producer
-//! stops waiting for it; messages have no size limit (a batch may exceed gRPC's 4 MiB default).
+//! stops waiting for it; messages have no size limit (a batch may exceed gRPC's 4 MiB default); a
+//! stream ends with [`STREAM_END`], which the server sends only after the stream's writer finished
+//! it, and a reader whose call ends without it (a connection cut, a worker gone mid-stream) gets a
+//! retryable error naming the stream, never a clean end.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,16 +37,20 @@ use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::{Stream, TryStreamExt, stream};
+use futures::{Stream, StreamExt, TryStreamExt, stream};
 use prost::Message;
 use sluice_planner::StreamId;
 use sluice_runtime::StreamStore;
+use sluice_runtime::faults::{FaultPoint, FaultPoints};
 use sluice_runtime::transport::StreamFetcher;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{ClusterLink, connect_lazy};
 use crate::flight_ipc::encode_stream;
 use crate::wire::{from_status_at, stream_from_ticket, stream_to_proto, to_status};
+
+/// The `app_metadata` of the message that ends every task stream (it carries no data).
+pub(crate) const STREAM_END: &[u8] = b"sluice:stream-end";
 
 type BoxedStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send + 'static>>;
 
@@ -125,7 +133,13 @@ impl FlightService for StreamFlightService {
         let options = IpcWriteOptions::default()
             .try_with_compression(self.compression)
             .map_err(|e| Status::internal(e.to_string()))?;
-        let data = encode_stream(schema, batches, options).map_err(|e| to_status(&e));
+        let end = FlightData {
+            app_metadata: STREAM_END.to_vec().into(),
+            ..FlightData::default()
+        };
+        let data = encode_stream(schema, batches, options)
+            .map_err(|e| to_status(&e))
+            .chain(stream::once(async move { Ok(end) }));
         Ok(Response::new(Box::pin(data)))
     }
 
@@ -194,11 +208,18 @@ fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<
 #[derive(Debug, Clone)]
 pub(crate) struct FlightFetcher {
     link: ClusterLink,
+    /// The reading worker's fault points (`flight_fetch` fires before each read).
+    faults: Option<Arc<FaultPoints>>,
 }
 
 impl FlightFetcher {
     pub fn new(link: ClusterLink) -> Self {
-        Self { link }
+        Self { link, faults: None }
+    }
+
+    /// A fetcher of a worker whose fault points are `faults`.
+    pub fn with_faults(link: ClusterLink, faults: Option<Arc<FaultPoints>>) -> Self {
+        Self { link, faults }
     }
 }
 
@@ -206,7 +227,11 @@ impl StreamFetcher for FlightFetcher {
     fn fetch(&self, address: &str, id: StreamId, schema: SchemaRef) -> SendableRecordBatchStream {
         let address = address.to_string();
         let link = self.link.clone();
+        let faults = self.faults.clone();
         let read = async move {
+            if let Some(faults) = faults {
+                faults.fire(FaultPoint::FlightFetch).await?;
+            }
             // One connection per stream: a stream its reader has not reached yet (a join's probe
             // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
             // streams the reader needs first.
@@ -221,8 +246,7 @@ impl StreamFetcher for FlightFetcher {
                 .do_get(ticket)
                 .await
                 .map_err(|status| read_error(&status, &what, &address))?;
-            let data = response
-                .into_inner()
+            let data = until_end_marker(response.into_inner(), what.clone())
                 .map_err(|status| FlightError::Tonic(Box::new(status)));
             let batches =
                 FlightRecordBatchStream::new_from_flight_data(data).map_err(move |e| match e {
@@ -236,6 +260,43 @@ impl StreamFetcher for FlightFetcher {
             stream::once(read).try_flatten(),
         ))
     }
+}
+
+/// The messages of a `DoGet` call up to its end marker (not passed on); a call that ends without
+/// one ends in an error saying the stream was cut (`what` names the stream and its worker), which
+/// counts as no answer from the worker, as a connection reset does.
+fn until_end_marker<S>(
+    messages: S,
+    what: String,
+) -> impl Stream<Item = std::result::Result<FlightData, Status>> + Send + 'static
+where
+    S: Stream<Item = std::result::Result<FlightData, Status>> + Send + Unpin + 'static,
+{
+    stream::unfold(Some(messages), move |state| {
+        let what = what.clone();
+        async move {
+            let mut messages = state?;
+            let failure = match messages.next().await {
+                Some(Ok(message)) if message.app_metadata.as_ref() == STREAM_END => {
+                    // The end: nothing may follow it.
+                    match messages.next().await {
+                        None if message.data_header.is_empty() => return None,
+                        Some(Err(status)) => status,
+                        _ => Status::internal(format!(
+                            "{what}: a malformed end marker, or messages after it"
+                        )),
+                    }
+                }
+                Some(Ok(message)) => return Some((Ok(message), Some(messages))),
+                Some(Err(status)) => status,
+                None => Status::unavailable(format!(
+                    "{what}: the stream ended before its end marker (the connection or its \
+                     worker went away mid-stream)"
+                )),
+            };
+            Some((Err(failure), None))
+        }
+    })
 }
 
 fn read_error(status: &Status, what: &str, address: &str) -> DataFusionError {
@@ -281,6 +342,73 @@ mod tests {
         assert_eq!(through_flight(batch.clone()).await, [batch.clone(), batch]);
         let batch = RecordBatch::try_from_iter(vec![("d", Arc::new(dict) as ArrayRef)]).unwrap();
         assert_eq!(through_flight(batch.clone()).await, [batch.clone(), batch]);
+    }
+
+    /// What a reader gets of `messages` through the end-marker check: data messages, then
+    /// `Ok(())` for a clean end or the error's code and message.
+    async fn through_end_check(
+        messages: Vec<std::result::Result<FlightData, Status>>,
+    ) -> (usize, std::result::Result<(), (tonic::Code, String)>) {
+        let mut checked = Box::pin(until_end_marker(
+            stream::iter(messages),
+            "reading s from w".to_string(),
+        ));
+        let mut data = 0;
+        while let Some(message) = checked.next().await {
+            match message {
+                Ok(_) => data += 1,
+                Err(status) => {
+                    assert!(checked.next().await.is_none(), "an error ends the stream");
+                    return (data, Err((status.code(), status.message().to_string())));
+                }
+            }
+        }
+        (data, Ok(()))
+    }
+
+    #[tokio::test]
+    async fn a_stream_ends_cleanly_only_with_its_end_marker() {
+        let end = || FlightData {
+            app_metadata: STREAM_END.to_vec().into(),
+            ..FlightData::default()
+        };
+        let data = || FlightData {
+            data_header: vec![1, 2, 3].into(),
+            ..FlightData::default()
+        };
+        assert_eq!(
+            through_end_check(vec![Ok(data()), Ok(data()), Ok(end())]).await,
+            (2, Ok(()))
+        );
+        // Cut mid-stream: no marker. Unavailable counts as no answer from the worker.
+        let (read, cut) = through_end_check(vec![Ok(data())]).await;
+        assert_eq!(read, 1);
+        assert_eq!(
+            cut,
+            Err((
+                tonic::Code::Unavailable,
+                "reading s from w: the stream ended before its end marker (the connection or \
+                 its worker went away mid-stream)"
+                    .to_string()
+            ))
+        );
+        assert!(!crate::wire::peer_answered(&Status::unavailable("x")));
+        // An error from the worker stays that error.
+        let (_, failed) =
+            through_end_check(vec![Ok(data()), Err(Status::internal("producer failed"))]).await;
+        assert_eq!(
+            failed,
+            Err((tonic::Code::Internal, "producer failed".to_string()))
+        );
+        // Nothing may follow the marker.
+        let (_, after) = through_end_check(vec![Ok(end()), Ok(data())]).await;
+        assert_eq!(
+            after,
+            Err((
+                tonic::Code::Internal,
+                "reading s from w: a malformed end marker, or messages after it".to_string()
+            ))
+        );
     }
 
     #[test]

@@ -10,7 +10,10 @@
 //! Invariants: a spawned worker never outlives this process: it exits when its stdin reaches end of
 //! file, which the kernel delivers however this process ends (exit, panic, SIGKILL); the cluster
 //! starts only once `min_workers` workers registered, and a child that exits before that fails the
-//! start with what it printed; dropping the cluster ends every child.
+//! start with what it printed; a spawned worker that dies after it joined is replaced by a new
+//! process (so the cluster keeps its worker count, and a task that kills its workers fails its job
+//! by its attempt limit, not by running out of workers), at most one replacement a second; dropping
+//! the cluster stops replacing and ends every child, waiting for each to exit.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -19,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::ipc::CompressionType;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode, WorkerId};
@@ -88,6 +92,8 @@ impl ProcessClusterOptions {
 
 /// One spawned worker process.
 struct Spawned {
+    /// Its label: `[worker process N]`.
+    index: usize,
     child: Child,
     /// Held open: the child exits when it closes.
     stdin: Option<ChildStdin>,
@@ -113,14 +119,56 @@ impl Drop for Spawned {
     }
 }
 
+/// The spawned worker processes, shared with the supervisor that replaces dead ones.
+struct Children {
+    /// Live (or not yet reaped) children.
+    spawned: Vec<Spawned>,
+    /// The label of the next child (`[worker process N]`).
+    next_index: usize,
+    /// The cluster is being dropped: replace nothing more.
+    stopping: bool,
+}
+
+/// What the supervisor needs to start a worker process.
+struct SpawnContext {
+    options: ProcessClusterOptions,
+    driver_address: String,
+    handle: DriverHandle,
+    link: ClusterLink,
+    work_dir: PathBuf,
+    /// Where relays say that a child ended, by its index.
+    ended: tokio::sync::mpsc::UnboundedSender<usize>,
+}
+
 /// The driver and its worker processes; see the module docs.
 pub struct ProcessCluster {
     driver: ClusterDriver,
     /// How the driver reaches the workers (secret, TLS).
     link: ClusterLink,
-    spawned: Vec<Spawned>,
+    children: Arc<std::sync::Mutex<Children>>,
+    /// Replaces children that died after they joined; stopped first when the cluster drops.
+    supervisor: Option<SpawnedTask<()>>,
     /// The spawned workers' work directory; dropped after them (fields drop in order).
     _work_dir: WorkDir,
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        if let Ok(mut children) = self.children.lock() {
+            children.stopping = true;
+        }
+        drop(self.supervisor.take());
+        // Each child exits once its stdin closes: close them all, then wait for every one.
+        let mut spawned = self
+            .children
+            .lock()
+            .map(|mut children| std::mem::take(&mut children.spawned))
+            .unwrap_or_default();
+        for child in &mut spawned {
+            drop(child.stdin.take());
+        }
+        drop(spawned);
+    }
 }
 
 /// The work directory the spawned workers share (each keeps its files in its own sub-directory),
@@ -155,7 +203,10 @@ impl std::fmt::Debug for ProcessCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProcessCluster")
             .field("driver", &self.driver.address())
-            .field("spawned", &self.spawned.len())
+            .field(
+                "spawned",
+                &self.children.lock().map_or(0, |c| c.spawned.len()),
+            )
             .finish()
     }
 }
@@ -179,24 +230,30 @@ impl ProcessCluster {
             link.clone(),
         )
         .await?;
-        let driver_address = local_address(driver.address());
         let work_dir = WorkDir::create()?;
-        let spawned = (0..options.workers)
-            .map(|index| {
-                spawn_worker(
-                    &options,
-                    &driver_address,
-                    index + 1,
-                    driver.driver().handle(),
-                    &link,
-                    &work_dir.0,
-                )
-            })
+        let (ended, ended_rx) = tokio::sync::mpsc::unbounded_channel();
+        let context = Arc::new(SpawnContext {
+            options: options.clone(),
+            driver_address: local_address(driver.address()),
+            handle: driver.driver().handle().clone(),
+            link: link.clone(),
+            work_dir: work_dir.0.clone(),
+            ended,
+        });
+        let spawned = (1..=options.workers)
+            .map(|index| spawn_worker(&context, index))
             .collect::<Result<Vec<_>>>()?;
+        let children = Arc::new(std::sync::Mutex::new(Children {
+            spawned,
+            next_index: options.workers + 1,
+            stopping: false,
+        }));
+        let supervisor = SpawnedTask::spawn(supervise(Arc::clone(&children), context, ended_rx));
         let mut cluster = Self {
             driver,
             link: link.clone(),
-            spawned,
+            children,
+            supervisor: Some(supervisor),
             _work_dir: work_dir,
         };
         cluster.wait_for_workers(&options).await?;
@@ -210,29 +267,8 @@ impl ProcessCluster {
         let deadline = Instant::now() + options.startup_timeout;
         loop {
             let registered = self.driver.driver().snapshot().await?.workers;
-            // Spawned workers that joined at least once (each counted once, also if it joined
-            // again or was lost since).
-            let spawned_joined = self
-                .spawned
-                .iter()
-                .filter(|s| s.joined.lock().map(|j| j.is_some()).unwrap_or(false))
-                .count();
-            if registered.max(spawned_joined) >= options.min_workers {
+            if self.enough_joined(registered, options.min_workers)? {
                 return Ok(());
-            }
-            for (index, spawned) in self.spawned.iter_mut().enumerate() {
-                let never_joined = spawned.joined.lock().map(|j| j.is_none()).unwrap_or(true);
-                if never_joined && let Ok(Some(status)) = spawned.child.try_wait() {
-                    let output = spawned
-                        .output
-                        .lock()
-                        .map(|lines| lines.join("\n"))
-                        .unwrap_or_default();
-                    return Err(DataFusionError::Execution(format!(
-                        "worker process {} exited ({status}) before it registered: {output}",
-                        index + 1
-                    )));
-                }
             }
             if Instant::now() > deadline {
                 return Err(sluice_runtime::error::transport_error(format!(
@@ -246,6 +282,36 @@ impl ProcessCluster {
         }
     }
 
+    /// Whether `min_workers` joined: `registered` ones, or spawned ones that joined at least once
+    /// (each counted once, also if it joined again or was lost since). A spawned worker that
+    /// exited before it joined is an error, with what it printed.
+    fn enough_joined(&self, registered: usize, min_workers: usize) -> Result<bool> {
+        let mut children = self.children.lock().map_err(|_| poisoned())?;
+        let spawned_joined = children
+            .spawned
+            .iter()
+            .filter(|s| s.joined.lock().map(|j| j.is_some()).unwrap_or(false))
+            .count();
+        if registered.max(spawned_joined) >= min_workers {
+            return Ok(true);
+        }
+        for spawned in children.spawned.iter_mut() {
+            let never_joined = spawned.joined.lock().map(|j| j.is_none()).unwrap_or(true);
+            if never_joined && let Ok(Some(status)) = spawned.child.try_wait() {
+                let output = spawned
+                    .output
+                    .lock()
+                    .map(|lines| lines.join("\n"))
+                    .unwrap_or_default();
+                return Err(DataFusionError::Execution(format!(
+                    "worker process {} exited ({status}) before it registered: {output}",
+                    spawned.index
+                )));
+            }
+        }
+        Ok(false)
+    }
+
     /// What the driver and every worker hold now.
     pub async fn state(&self) -> Result<ClusterState> {
         self.driver.state(&self.link).await
@@ -256,17 +322,25 @@ impl ProcessCluster {
         self.driver.address()
     }
 
-    /// The process ids of the spawned workers.
+    /// The process ids of the spawned workers (replacements included).
     pub fn worker_pids(&self) -> Vec<u32> {
-        self.spawned.iter().map(|s| s.child.id()).collect()
+        self.children
+            .lock()
+            .map(|c| c.spawned.iter().map(|s| s.child.id()).collect())
+            .unwrap_or_default()
     }
 
     /// The registration lines the spawned workers printed.
     pub fn worker_lines(&self) -> Vec<String> {
-        self.spawned
-            .iter()
-            .filter_map(|s| s.joined.lock().ok().and_then(|line| line.clone()))
-            .collect()
+        self.children
+            .lock()
+            .map(|c| {
+                c.spawned
+                    .iter()
+                    .filter_map(|s| s.joined.lock().ok().and_then(|line| line.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Runs `graph`; the stream is lazy and cancels the job when dropped.
@@ -305,14 +379,76 @@ fn local_address(bound: &str) -> String {
     }
 }
 
-fn spawn_worker(
-    options: &ProcessClusterOptions,
-    driver: &str,
-    index: usize,
-    handle: &DriverHandle,
-    link: &ClusterLink,
-    work_dir: &std::path::Path,
-) -> Result<Spawned> {
+fn poisoned() -> DataFusionError {
+    DataFusionError::Internal("the cluster's list of worker processes is poisoned".to_string())
+}
+
+/// How long the supervisor waits between two replacements.
+const REPLACEMENT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Replaces each spawned worker that dies after it joined with a new process, until the cluster
+/// stops. A child that dies before it joined is not replaced (the start reports it).
+async fn supervise(
+    children: Arc<std::sync::Mutex<Children>>,
+    context: Arc<SpawnContext>,
+    mut ended: tokio::sync::mpsc::UnboundedReceiver<usize>,
+) {
+    while let Some(index) = ended.recv().await {
+        let (exited, index) = {
+            let Ok(mut children) = children.lock() else {
+                return;
+            };
+            if children.stopping {
+                return;
+            }
+            let Some(position) = children.spawned.iter().position(|s| s.index == index) else {
+                continue;
+            };
+            let exited = children.spawned.remove(position);
+            let joined = exited.joined.lock().map(|j| j.is_some()).unwrap_or(false);
+            if !joined {
+                continue;
+            }
+            let next = children.next_index;
+            children.next_index += 1;
+            (exited, next)
+        };
+        // Reaped outside the lock (its process has ended: its stderr closed).
+        drop(exited);
+        tokio::time::sleep(REPLACEMENT_INTERVAL).await;
+        let Ok(mut children) = children.lock() else {
+            return;
+        };
+        if children.stopping {
+            return;
+        }
+        match spawn_worker(&context, index) {
+            Ok(spawned) => {
+                tracing::info!(
+                    target: "sluice::cluster",
+                    index,
+                    "started worker process {index} to replace one that died"
+                );
+                children.spawned.push(spawned);
+            }
+            Err(error) => tracing::warn!(
+                target: "sluice::cluster",
+                %error,
+                "cannot start a replacement worker process"
+            ),
+        }
+    }
+}
+
+fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
+    let SpawnContext {
+        options,
+        driver_address: driver,
+        handle,
+        link,
+        work_dir,
+        ended,
+    } = context;
     let mut command = Command::new(&options.executable);
     command
         .arg("worker")
@@ -365,7 +501,7 @@ fn spawn_worker(
     let output = Arc::new(std::sync::Mutex::new(Vec::new()));
     if let Some(stderr) = child.stderr.take() {
         let (joined, output) = (joined.clone(), output.clone());
-        let (handle, pid) = (handle.clone(), child.id());
+        let (handle, pid, ended) = (handle.clone(), child.id(), ended.clone());
         std::thread::spawn(move || {
             let mut registered = None;
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
@@ -385,9 +521,11 @@ fn spawn_worker(
             if let Some(worker) = registered {
                 let _ = handle.worker_gone(worker, format!("its process (pid {pid}) ended"));
             }
+            let _ = ended.send(index);
         });
     }
     Ok(Spawned {
+        index,
         child,
         stdin,
         joined,

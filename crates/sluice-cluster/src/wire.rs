@@ -357,6 +357,8 @@ pub(crate) fn report_to_proto(report: &TaskStatusReport) -> Result<proto::TaskSt
         state: proto::TaskState::Running as i32,
         error: None,
         metrics: None,
+        // Set by the reporter: the driver instance it registered with.
+        driver_epoch: 0,
     };
     match &report.state {
         TaskState::Running => {}

@@ -6,17 +6,21 @@
 //!   RunTask(bytes) ─► wire::decode_definition ─► Worker::run_task ─► (task runtime)
 //!   StopTask / ReleaseOutput / CleanUpJob ─► Worker
 //!   DoGet(TaskStreamKey) ─► the worker's StreamStore
-//!   task reports ─► ReportTaskStatus (DriverService)
-//!   every heartbeat interval ─► Heartbeat; no answer for the driver timeout ─► departure
-//!                               (the process exits); "not registered" ─► departure (the
-//!                               process drops its tasks and streams and joins again)
+//!   task reports ─► ReportTaskStatus (DriverService), resent until the driver answers
+//!   every heartbeat interval ─► Heartbeat(known attempts, RunTasks accepted, driver epoch);
+//!                               no answer for the driver timeout ─► departure (the process
+//!                               exits); "not registered" ─► departure (the process drops its
+//!                               tasks and streams and joins again)
 //! ```
 //!
 //! Invariants: a malformed request gets `InvalidArgument` naming what was wrong; nothing a request
 //! carries can stop the worker from serving the next one; a draining worker refuses new tasks with a
 //! transport error in the status details (an answer, so the driver keeps the worker, and retryable,
-//! so the task runs elsewhere) and finishes the others.
+//! so the task runs elsewhere) and finishes the others; a status report is resent (with backoff)
+//! until the driver acknowledges it, refuses it, or the driver timeout passes: reports are
+//! idempotent by sequence, so a resent one the driver already had changes nothing.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -41,9 +45,11 @@ use crate::proto;
 use crate::proto::driver_service_client::DriverServiceClient;
 use crate::proto::worker_service_server::{WorkerService, WorkerServiceServer};
 use crate::wire::{
-    attempt_from_proto, decode_definition, remote_to_status, report_to_proto, to_status, to_u32,
+    attempt_from_proto, attempt_to_proto, decode_definition, peer_answered, remote_to_status,
+    report_to_proto, to_status, to_u32,
 };
 use sluice_runtime::error::{ErrorKind, RemoteError};
+use sluice_runtime::faults::{FaultPoint, FaultPoints};
 
 /// Why a worker's connection to its driver ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +98,10 @@ impl WorkerServer {
     ) -> Result<Self> {
         let (listener, bound) = bind(&name, listen).await?;
         let address = advertise.unwrap_or(bound);
-        let fetcher = Arc::new(FlightFetcher::new(link.clone()));
+        let fetcher = Arc::new(FlightFetcher::with_faults(
+            link.clone(),
+            options.faults.clone(),
+        ));
         let worker = Worker::new(name, address, options, fetcher)?;
         let draining = Arc::new(AtomicBool::new(false));
         let server = serve_worker(
@@ -155,15 +164,28 @@ impl WorkerServer {
                     status.message()
                 ))
             })?;
-        let id = WorkerId(response.into_inner().worker_id);
-        self.worker
-            .set_reporter(id, Arc::new(RemoteReporter(client.clone())))?;
+        let response = response.into_inner();
+        let id = WorkerId(response.worker_id);
+        let epoch = response.driver_epoch;
+        self.worker.set_reporter(
+            id,
+            Arc::new(RemoteReporter {
+                client: client.clone(),
+                epoch,
+                give_up_after: driver_timeout,
+                faults: self.worker.faults().cloned(),
+            }),
+        )?;
         self.joined = Some((id, client.clone()));
         self.departure_tx.send_replace(Departure::Serving);
         let departure = Arc::clone(&self.departure_tx);
         self._heartbeats = Some(SpawnedTask::spawn(beat(
             client,
-            id,
+            Registered {
+                id,
+                epoch,
+                worker: self.worker.clone(),
+            },
             heartbeat,
             driver_timeout,
             departure,
@@ -211,19 +233,54 @@ impl WorkerServer {
     }
 }
 
+/// A worker's registration with one driver instance.
+struct Registered {
+    id: WorkerId,
+    epoch: u64,
+    worker: Worker,
+}
+
+impl Registered {
+    /// A heartbeat listing what the worker knows now.
+    fn heartbeat(&self) -> Result<proto::HeartbeatRequest> {
+        let (known, accepted) = self.worker.known_attempts()?;
+        Ok(proto::HeartbeatRequest {
+            worker_id: self.id.0,
+            driver_epoch: self.epoch,
+            attempts: known
+                .into_iter()
+                .map(attempt_to_proto)
+                .collect::<Result<Vec<_>>>()?,
+            accepted,
+        })
+    }
+}
+
 /// Sends heartbeats until the driver is lost or drops this worker, then says why.
 async fn beat(
     mut client: DriverServiceClient<SecretChannel>,
-    id: WorkerId,
+    registered: Registered,
     interval: Duration,
     driver_timeout: Duration,
     departure: Arc<watch::Sender<Departure>>,
 ) {
     let mut ticks = tokio::time::interval(interval);
     let mut last_answer = Instant::now();
+    let faults = registered.worker.faults().cloned();
     loop {
         ticks.tick().await;
-        let request = proto::HeartbeatRequest { worker_id: id.0 };
+        let prepared = async {
+            if let Some(faults) = &faults {
+                faults.fire(FaultPoint::Heartbeat).await?;
+            }
+            registered.heartbeat()
+        };
+        let request = match AssertUnwindSafe(prepared).catch_unwind().await {
+            Ok(Ok(request)) => request,
+            // This heartbeat is skipped (a panic included: the heartbeats must go on); the
+            // driver notices only if the next ones are skipped too.
+            Ok(Err(_)) | Err(_) => continue,
+        };
         match tokio::time::timeout(
             interval.max(Duration::from_millis(100)),
             client.heartbeat(request),
@@ -273,17 +330,82 @@ fn serve_worker(
     }))
 }
 
-/// Status reports of a worker go to the driver over `DriverService`.
-struct RemoteReporter(DriverServiceClient<SecretChannel>);
+/// Status reports of a worker go to the driver over `DriverService`, resent until acknowledged.
+struct RemoteReporter {
+    client: DriverServiceClient<SecretChannel>,
+    /// The driver instance the worker registered with.
+    epoch: u64,
+    /// How long to keep resending a report the driver does not answer.
+    give_up_after: Duration,
+    faults: Option<Arc<FaultPoints>>,
+}
+
+/// The first wait before a report is resent; it doubles up to [`RESEND_MAX`].
+const RESEND_FIRST: Duration = Duration::from_millis(50);
+const RESEND_MAX: Duration = Duration::from_secs(1);
+
+impl RemoteReporter {
+    /// One sending of `report`: `Ok(true)` once the driver acknowledged it, `Ok(false)` when it
+    /// should be sent again, `Err` when the driver refused it (resending cannot help).
+    async fn send_once(
+        client: &mut DriverServiceClient<SecretChannel>,
+        report: &proto::TaskStatusReport,
+        faults: Option<&FaultPoints>,
+    ) -> std::result::Result<bool, Status> {
+        if let Some(faults) = faults
+            && faults.fire(FaultPoint::ReportBeforeSend).await.is_err()
+        {
+            return Ok(false);
+        }
+        match client.report_task_status(report.clone()).await {
+            Ok(_) => {}
+            Err(status) if peer_answered(&status) => return Err(status),
+            Err(_) => return Ok(false),
+        }
+        if let Some(faults) = faults
+            && faults.fire(FaultPoint::ReportAfterSend).await.is_err()
+        {
+            // The acknowledgement is lost: the driver gets the report again (a duplicate).
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
 
 impl StatusReporter for RemoteReporter {
     fn report(&self, report: TaskStatusReport) -> BoxFuture<'static, ()> {
-        let mut client = self.0.clone();
+        let mut client = self.client.clone();
+        let epoch = self.epoch;
+        let give_up_after = self.give_up_after;
+        let faults = self.faults.clone();
         async move {
-            // A report that cannot be delivered means the driver is gone, or will find this
-            // worker lost; nothing to do here.
-            if let Ok(report) = report_to_proto(&report) {
-                let _ = client.report_task_status(report).await;
+            let Ok(mut message) = report_to_proto(&report) else {
+                return;
+            };
+            message.driver_epoch = epoch;
+            let started = Instant::now();
+            let mut wait = RESEND_FIRST;
+            loop {
+                match Self::send_once(&mut client, &message, faults.as_deref()).await {
+                    Ok(true) => return,
+                    // Refused (another driver instance, a malformed report): the heartbeats
+                    // tell the driver what this worker knows.
+                    Err(_) => return,
+                    Ok(false) if started.elapsed() > give_up_after => {
+                        tracing::warn!(
+                            target: "sluice::worker",
+                            attempt = %report.attempt,
+                            "the driver did not acknowledge a status report within {:.1} s; \
+                             giving it up",
+                            give_up_after.as_secs_f64()
+                        );
+                        return;
+                    }
+                    Ok(false) => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RESEND_MAX);
+                    }
+                }
             }
         }
         .boxed()
@@ -312,10 +434,11 @@ impl WorkerService for WorkerEndpoint {
         let bytes = request.into_inner().task;
         let definition = decode_definition(&bytes, self.worker.function_context())
             .map_err(|e| Status::invalid_argument(format!("{}: {e}", self.worker.name())))?;
-        self.worker
+        let accepted = self
+            .worker
             .run_task(definition)
             .map_err(|e| to_status(&e))?;
-        Ok(Response::new(proto::RunTaskResponse {}))
+        Ok(Response::new(proto::RunTaskResponse { accepted }))
     }
 
     async fn stop_task(

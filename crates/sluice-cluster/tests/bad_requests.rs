@@ -215,6 +215,33 @@ async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_d
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("unknown state 42"), "{status:?}");
+    // A well-formed report or a heartbeat from another driver instance (epoch 7, not this one's)
+    // changes nothing: the report is refused, the heartbeat told to register again.
+    let status = driver
+        .report_task_status(proto::TaskStatusReport {
+            worker_id: 1,
+            job: 1,
+            sequence: 1,
+            state: proto::TaskState::Running as i32,
+            driver_epoch: 7,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "a report for another driver instance (epoch 7); this worker must register again"
+    );
+    let beat = driver
+        .heartbeat(proto::HeartbeatRequest {
+            worker_id: 1,
+            driver_epoch: 7,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(!beat.get_ref().registered);
     let snapshot = cluster.snapshot().await.unwrap();
     assert_eq!(snapshot.driver.workers, 1, "{snapshot:?}");
 

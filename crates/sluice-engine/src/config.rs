@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
+use std::time::Duration;
 
 use datafusion::prelude::SessionConfig;
-use serde::Deserialize;
 
 use crate::error::{Result, SluiceError};
 use crate::joins::JoinStrategy;
@@ -160,119 +160,216 @@ impl<T> Sourced<T> {
     }
 }
 
-/// The effective configuration.
-#[derive(Debug, Clone)]
-pub struct SluiceConfig {
-    /// Which job runner executes queries.
-    pub mode: Sourced<ExecutionMode>,
-    /// Memory budget for query execution; `None` is unbounded.
-    pub memory_limit: Sourced<Option<ByteSize>>,
-    /// Workers of a local cluster, or worker processes of a cluster (default 2 in `--mode cluster`).
-    pub workers: Sourced<usize>,
-    /// Compression of Arrow IPC on the Flight data plane.
-    pub flight_compression: Sourced<FlightCompression>,
-    /// How stage outputs move between stages in the distributed modes.
-    pub exchange: Sourced<ExchangeMode>,
-    /// Which algorithm partitioned equi-joins use (see [`crate::joins`]).
-    pub joins: Sourced<JoinStrategy>,
-    /// Cluster mode: where the driver listens for workers (`None`: 127.0.0.1, a free port).
-    pub driver_listen: Sourced<Option<String>>,
-    /// Cluster mode: workers that must have joined before the first query (`None`: `workers`).
-    pub min_workers: Sourced<Option<usize>>,
-    /// DataFusion settings (`datafusion.*`), validated, by key.
-    pub session: BTreeMap<String, Sourced<String>>,
+/// Declares every Sluice setting once: its field, type, default, environment variable, parser,
+/// how `sluice config` prints it, and its help line. From that list come the fields of
+/// [`SluiceConfig`] (each value with its source) and [`ConfigLayer`], the TOML file's keys, the
+/// environment variables, how a layer applies, and the settings part of [`SluiceConfig::to_toml`].
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident: $ty:ty = $default:expr,
+            env $env:literal, parse $parse:expr, show $show:expr, help $help:literal;
+    )*) => {
+        /// The effective configuration.
+        #[derive(Debug, Clone)]
+        pub struct SluiceConfig {
+            $(
+                $(#[doc = $doc])*
+                pub $name: Sourced<$ty>,
+            )*
+            /// DataFusion settings (`datafusion.*`), validated, by key.
+            pub session: BTreeMap<String, Sourced<String>>,
+        }
+
+        impl Default for SluiceConfig {
+            fn default() -> Self {
+                Self {
+                    $( $name: Sourced::new($default, "default"), )*
+                    // `SHOW` and `information_schema` are what a data engineer reaches for first.
+                    session: BTreeMap::from([(
+                        "datafusion.catalog.information_schema".to_string(),
+                        Sourced::new("true".to_string(), "default"),
+                    )]),
+                }
+            }
+        }
+
+        /// The settings a layer may carry; `None` leaves the lower layer's value.
+        #[derive(Debug, Clone, Default)]
+        pub struct ConfigLayer {
+            $(
+                $(#[doc = $doc])*
+                pub $name: Option<$ty>,
+            )*
+            /// DataFusion settings as `(key, value)`.
+            pub session: Vec<(String, String)>,
+        }
+
+        /// Every setting's key, environment variable and help line, in `sluice config`'s order.
+        pub const SETTINGS: &[SettingInfo] = &[
+            $( SettingInfo { key: stringify!($name), env: $env, help: $help }, )*
+        ];
+
+        impl ConfigLayer {
+            /// Sets the setting `key` from its text; `None` when no setting has that key.
+            fn set_text(&mut self, key: &str, text: &str) -> Option<Result<(), String>> {
+                match key {
+                    $(
+                        stringify!($name) => {
+                            let parse: fn(&str) -> Result<$ty, String> = $parse;
+                            Some(parse(text).map(|value| self.$name = Some(value)))
+                        }
+                    )*
+                    _ => None,
+                }
+            }
+        }
+
+        impl SluiceConfig {
+            /// Takes `layer`'s settings (not its DataFusion ones) over these, sourced `source`.
+            fn apply_settings(&mut self, layer: &mut ConfigLayer, source: &str) {
+                $(
+                    if let Some(value) = layer.$name.take() {
+                        self.$name = Sourced::new(value, source);
+                    }
+                )*
+            }
+
+            /// The settings as TOML lines with their sources (one left out when it shows nothing).
+            fn settings_toml(&self, out: &mut String) {
+                use std::fmt::Write;
+                $(
+                    let show: fn(&$ty) -> Option<String> = $show;
+                    if let Some(text) = show(&self.$name.value) {
+                        let _ = writeln!(
+                            out,
+                            "{} = {text}  # from {}",
+                            stringify!($name),
+                            self.$name.source
+                        );
+                    }
+                )*
+            }
+        }
+    };
 }
 
-impl Default for SluiceConfig {
-    fn default() -> Self {
-        Self {
-            mode: Sourced::new(ExecutionMode::default(), "default"),
-            memory_limit: Sourced::new(None, "default"),
-            workers: Sourced::new(DEFAULT_WORKERS, "default"),
-            flight_compression: Sourced::new(FlightCompression::None, "default"),
-            exchange: Sourced::new(ExchangeMode::Pipelined, "default"),
-            joins: Sourced::new(JoinStrategy::Auto, "default"),
-            driver_listen: Sourced::new(None, "default"),
-            min_workers: Sourced::new(None, "default"),
-            // `SHOW` and `information_schema` are what a data engineer reaches for first.
-            session: BTreeMap::from([(
-                "datafusion.catalog.information_schema".to_string(),
-                Sourced::new("true".to_string(), "default"),
-            )]),
-        }
+/// One declared setting, for help texts and error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettingInfo {
+    /// Its key in config files (and the field of [`SluiceConfig`]).
+    pub key: &'static str,
+    /// Its environment variable.
+    pub env: &'static str,
+    /// What it sets.
+    pub help: &'static str,
+}
+
+/// A quoted TOML string.
+fn quoted(text: impl fmt::Display) -> Option<String> {
+    Some(format!("\"{text}\""))
+}
+
+fn parse_named<T: FromStr<Err = String>>(text: &str) -> Result<T, String> {
+    text.trim().parse()
+}
+
+settings! {
+    /// Which job runner executes queries.
+    mode: ExecutionMode = ExecutionMode::default(),
+        env "SLUICE_MODE", parse parse_named, show |m| quoted(m),
+        help "execution mode";
+    /// Memory budget for query execution; `None` is unbounded.
+    memory_limit: Option<ByteSize> = None,
+        env "SLUICE_MEMORY_LIMIT", parse parse_memory_limit,
+        show |l| quoted(l.map_or_else(|| "unlimited".to_string(), |b| b.to_string())),
+        help "memory budget, e.g. 4G, or 'unlimited'";
+    /// Workers of a local cluster, or worker processes of a cluster (default 2 in `--mode cluster`).
+    workers: usize = DEFAULT_WORKERS,
+        env "SLUICE_WORKERS",
+        parse |t| t.trim().parse().map_err(|_| format!("'{t}' is not a number of workers")),
+        show |n| Some(n.to_string()),
+        help "workers of a local cluster, or worker processes of a cluster";
+    /// Compression of Arrow IPC on the Flight data plane.
+    flight_compression: FlightCompression = FlightCompression::None,
+        env "SLUICE_FLIGHT_COMPRESSION", parse parse_named, show |c| quoted(c.name()),
+        help "Arrow IPC compression between workers: none, lz4 or zstd";
+    /// How stage outputs move between stages in the distributed modes.
+    exchange: ExchangeMode = ExchangeMode::Pipelined,
+        env "SLUICE_EXCHANGE", parse parse_named, show |e| quoted(e.name()),
+        help "how stage outputs move between stages: pipelined or blocking";
+    /// Which algorithm partitioned equi-joins use (see [`crate::joins`]).
+    joins: JoinStrategy = JoinStrategy::Auto,
+        env "SLUICE_JOINS", parse parse_named, show |j| quoted(j.name()),
+        help "partitioned joins: auto (sort-merge under a memory limit, else hash), hash or \
+              sort-merge";
+    /// Cluster mode: where the driver listens for workers (`None`: 127.0.0.1, a free port).
+    driver_listen: Option<String> = None,
+        env "SLUICE_DRIVER_LISTEN", parse |t| Ok(Some(t.trim().to_string())),
+        show |l| l.as_ref().and_then(quoted),
+        help "cluster mode: where the driver listens for workers";
+    /// Cluster mode: workers that must have joined before the first query (`None`: `workers`).
+    min_workers: Option<usize> = None,
+        env "SLUICE_MIN_WORKERS", parse |t| parse_workers(t).map(Some),
+        show |n| n.map(|n| n.to_string()),
+        help "cluster mode: workers that must have joined before the first query";
+    /// How long a task region that needs more task slots than the live workers have waits for
+    /// workers to join (or be replaced) before its job fails.
+    capacity_wait: Duration = sluice_runtime::driver::DEFAULT_CAPACITY_WAIT,
+        env "SLUICE_CAPACITY_WAIT", parse parse_duration, show |d| quoted(format_duration(*d)),
+        help "how long a task region waits for enough task slots (workers joining or replaced), \
+              e.g. 60s";
+    /// Attempts of a task region (a task whose worker process died counts too; one cut off by
+    /// the network does not) before its job fails.
+    max_task_attempts: usize = DEFAULT_MAX_TASK_ATTEMPTS,
+        env "SLUICE_MAX_TASK_ATTEMPTS", parse parse_task_attempts, show |n| Some(n.to_string()),
+        help "attempts of a task region before its job fails (at least 1)";
+}
+
+/// The default [`SluiceConfig::max_task_attempts`].
+pub const DEFAULT_MAX_TASK_ATTEMPTS: usize = 4;
+
+/// Parses a count of attempts (at least 1).
+pub fn parse_task_attempts(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "max_task_attempts must be a whole number of at least 1, not '{text}'"
+        )),
     }
 }
 
-/// The settings a layer may carry; `None` leaves the lower layer's value.
-#[derive(Debug, Clone, Default)]
-pub struct ConfigLayer {
-    /// `mode`.
-    pub mode: Option<ExecutionMode>,
-    /// `memory_limit`; `Some(None)` sets "unlimited".
-    pub memory_limit: Option<Option<ByteSize>>,
-    /// `workers`.
-    pub workers: Option<usize>,
-    /// `flight_compression`.
-    pub flight_compression: Option<FlightCompression>,
-    /// `exchange`.
-    pub exchange: Option<ExchangeMode>,
-    /// `joins`.
-    pub joins: Option<JoinStrategy>,
-    /// `driver_listen`.
-    pub driver_listen: Option<String>,
-    /// `min_workers`.
-    pub min_workers: Option<usize>,
-    /// DataFusion settings as `(key, value)`.
-    pub session: Vec<(String, String)>,
+/// Parses a duration: a number with `ms`, `s`, `m` or `h` (a plain number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration (try 500ms, 60s or 2m)"))?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown duration unit '{other}' in '{text}'")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("'{text}' is not a duration"))
 }
 
-/// The shape of a TOML config file. Unknown keys are rejected by serde.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileLayer {
-    mode: Option<String>,
-    memory_limit: Option<String>,
-    workers: Option<usize>,
-    flight_compression: Option<String>,
-    exchange: Option<String>,
-    joins: Option<String>,
-    driver_listen: Option<String>,
-    min_workers: Option<usize>,
-    #[serde(default)]
-    session: BTreeMap<String, toml::Value>,
+/// A duration as [`parse_duration`] reads it back: whole seconds as `60s`, else milliseconds.
+pub fn format_duration(duration: Duration) -> String {
+    if duration.subsec_millis() == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}ms", duration.as_millis())
+    }
 }
 
-/// The environment variables Sluice reads, besides those it rejects as unknown.
-pub const ENV_VARS: &[(&str, &str)] = &[
-    ("SLUICE_MODE", "execution mode"),
-    (
-        "SLUICE_MEMORY_LIMIT",
-        "memory budget, e.g. 4G, or 'unlimited'",
-    ),
-    (
-        "SLUICE_WORKERS",
-        "workers of a local cluster, or worker processes of a cluster",
-    ),
-    (
-        "SLUICE_FLIGHT_COMPRESSION",
-        "Arrow IPC compression between workers: none, lz4 or zstd",
-    ),
-    (
-        "SLUICE_EXCHANGE",
-        "how stage outputs move between stages: pipelined or blocking",
-    ),
-    (
-        "SLUICE_JOINS",
-        "partitioned joins: auto (sort-merge under a memory limit, else hash), hash or sort-merge",
-    ),
-    (
-        "SLUICE_DRIVER_LISTEN",
-        "cluster mode: where the driver listens for workers",
-    ),
-    (
-        "SLUICE_MIN_WORKERS",
-        "cluster mode: workers that must have joined before the first query",
-    ),
+/// Environment variables Sluice reads besides its settings' own (read where they are used).
+const OTHER_ENV_VARS: &[(&str, &str)] = &[
     (
         "SLUICE_SET",
         "DataFusion settings, 'key=value' separated by commas",
@@ -293,7 +390,25 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SLUICE_OTLP_ENDPOINT",
         "where to export spans over OTLP/gRPC, like --otlp-endpoint (read by the CLI)",
     ),
+    (
+        "SLUICE_FAILPOINTS",
+        "worker processes built with the failpoints feature: faults to fire, \
+         'point=[N*]action;...' (tests only; read by sluice worker)",
+    ),
+    (
+        "SLUICE_FAILPOINTS_WORKERS",
+        "the worker ids SLUICE_FAILPOINTS applies to, comma-separated (default 1)",
+    ),
 ];
+
+/// Every environment variable Sluice reads, with what it sets.
+pub fn env_vars() -> Vec<(&'static str, &'static str)> {
+    SETTINGS
+        .iter()
+        .map(|setting| (setting.env, setting.help))
+        .chain(OTHER_ENV_VARS.iter().copied())
+        .collect()
+}
 
 /// How stage outputs move to the stages that read them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -422,46 +537,52 @@ impl ConfigLayer {
             source_name: source_name.to_string(),
             message,
         };
-        let file: FileLayer = toml::from_str(text).map_err(|e| error(e.message().to_string()))?;
-        let mode = file.mode.map(|m| m.parse()).transpose().map_err(error)?;
-        let memory_limit = file
-            .memory_limit
-            .map(|m| parse_memory_limit(&m))
-            .transpose()
-            .map_err(|e| error(format!("memory_limit: {e}")))?;
-        let session = file
-            .session
-            .into_iter()
-            .map(|(key, value)| {
-                let value = match value {
-                    toml::Value::String(s) => s,
-                    other => other.to_string(),
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| error(e.message().to_string()))?;
+        let mut layer = Self::default();
+        for (key, value) in table {
+            if key == "session" {
+                let toml::Value::Table(session) = value else {
+                    return Err(error("[session] must be a table of settings".to_string()));
                 };
-                (key, value)
-            })
-            .collect();
-        let flight_compression = file
-            .flight_compression
-            .map(|c| c.parse())
-            .transpose()
-            .map_err(error)?;
-        let exchange = file
-            .exchange
-            .map(|c| c.parse())
-            .transpose()
-            .map_err(error)?;
-        let joins = file.joins.map(|j| j.parse()).transpose().map_err(error)?;
-        Ok(Self {
-            mode,
-            memory_limit,
-            workers: file.workers,
-            flight_compression,
-            exchange,
-            joins,
-            driver_listen: file.driver_listen,
-            min_workers: file.min_workers,
-            session,
-        })
+                layer
+                    .session
+                    .extend(session.into_iter().map(|(key, value)| {
+                        let value = match value {
+                            toml::Value::String(s) => s,
+                            other => other.to_string(),
+                        };
+                        (key, value)
+                    }));
+                continue;
+            }
+            let text = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                    value.to_string()
+                }
+                other => {
+                    return Err(error(format!(
+                        "{key}: expected a string or a number, not {}",
+                        other.type_str()
+                    )));
+                }
+            };
+            match layer.set_text(&key, &text) {
+                Some(Ok(())) => {}
+                // Name the key unless the parser's message already does.
+                Some(Err(message)) if message.contains(&key) => return Err(error(message)),
+                Some(Err(message)) => return Err(error(format!("{key}: {message}"))),
+                None => {
+                    let known: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+                    return Err(error(format!(
+                        "unknown key `{key}` (known: {}, [session])",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(layer)
     }
 
     /// Reads `SLUICE_*` variables from `vars`; any other `SLUICE_*` name is an error.
@@ -475,39 +596,24 @@ impl ConfigLayer {
                 source_name: format!("environment variable {name}"),
                 message,
             };
+            if let Some(setting) = SETTINGS.iter().find(|s| s.env == name) {
+                if let Some(Err(message)) = layer.set_text(setting.key, &value) {
+                    return Err(error(message));
+                }
+                continue;
+            }
             match name.as_str() {
-                "SLUICE_MODE" => layer.mode = Some(value.parse().map_err(error)?),
-                "SLUICE_WORKERS" => {
-                    layer.workers = Some(
-                        value
-                            .trim()
-                            .parse()
-                            .map_err(|_| error(format!("'{value}' is not a number of workers")))?,
-                    )
-                }
-                "SLUICE_FLIGHT_COMPRESSION" => {
-                    layer.flight_compression = Some(value.parse().map_err(error)?)
-                }
-                "SLUICE_EXCHANGE" => layer.exchange = Some(value.parse().map_err(error)?),
-                "SLUICE_JOINS" => layer.joins = Some(value.parse().map_err(error)?),
-                "SLUICE_DRIVER_LISTEN" => layer.driver_listen = Some(value.clone()),
-                "SLUICE_MIN_WORKERS" => {
-                    layer.min_workers = Some(parse_workers(&value).map_err(error)?)
-                }
-                "SLUICE_MEMORY_LIMIT" => {
-                    layer.memory_limit = Some(parse_memory_limit(&value).map_err(error)?)
-                }
-                // The cluster secret is read where it is used, and never shown by `sluice config`.
-                "SLUICE_SECRET" => {}
-                // Logging is set up by the CLI before the configuration is read.
-                "SLUICE_LOG" | "SLUICE_LOG_FORMAT" | "SLUICE_OTLP_ENDPOINT" => {}
                 "SLUICE_SET" => {
                     for item in value.split(',').filter(|s| !s.trim().is_empty()) {
                         layer.session.push(parse_setting(item).map_err(error)?);
                     }
                 }
+                // Read where they are used: the cluster secret (never shown by `sluice config`),
+                // logging (set up by the CLI before the configuration is read), fault points
+                // (read by worker processes at their start).
+                known if OTHER_ENV_VARS.iter().any(|(n, _)| *n == known) => {}
                 _ => {
-                    let known: Vec<_> = ENV_VARS.iter().map(|(n, _)| *n).collect();
+                    let known: Vec<_> = env_vars().iter().map(|(n, _)| *n).collect();
                     return Err(error(format!(
                         "unknown Sluice variable (known: {})",
                         known.join(", ")
@@ -521,31 +627,8 @@ impl ConfigLayer {
 
 impl SluiceConfig {
     /// Applies `layer` over `self`; `source` names the layer in errors and in `sluice config`.
-    pub fn apply(&mut self, layer: ConfigLayer, source: &str) -> Result<()> {
-        if let Some(mode) = layer.mode {
-            self.mode = Sourced::new(mode, source);
-        }
-        if let Some(limit) = layer.memory_limit {
-            self.memory_limit = Sourced::new(limit, source);
-        }
-        if let Some(workers) = layer.workers {
-            self.workers = Sourced::new(workers, source);
-        }
-        if let Some(compression) = layer.flight_compression {
-            self.flight_compression = Sourced::new(compression, source);
-        }
-        if let Some(exchange) = layer.exchange {
-            self.exchange = Sourced::new(exchange, source);
-        }
-        if let Some(joins) = layer.joins {
-            self.joins = Sourced::new(joins, source);
-        }
-        if let Some(listen) = layer.driver_listen {
-            self.driver_listen = Sourced::new(Some(listen), source);
-        }
-        if let Some(min) = layer.min_workers {
-            self.min_workers = Sourced::new(Some(min), source);
-        }
+    pub fn apply(&mut self, mut layer: ConfigLayer, source: &str) -> Result<()> {
+        self.apply_settings(&mut layer, source);
         for (key, value) in layer.session {
             validate_setting(&key, &value).map_err(|message| SluiceError::Config {
                 source_name: source.to_string(),
@@ -646,58 +729,7 @@ impl SluiceConfig {
     pub fn to_toml(&self, all: bool) -> Result<String> {
         use std::fmt::Write;
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "mode = \"{}\"  # from {}",
-            self.mode.value, self.mode.source
-        );
-        let limit = self
-            .memory_limit
-            .value
-            .map(|b| b.to_string())
-            .unwrap_or_else(|| "unlimited".into());
-        let _ = writeln!(
-            out,
-            "memory_limit = \"{limit}\"  # from {}",
-            self.memory_limit.source
-        );
-        let _ = writeln!(
-            out,
-            "workers = {}  # from {}",
-            self.workers.value, self.workers.source
-        );
-        let _ = writeln!(
-            out,
-            "flight_compression = \"{}\"  # from {}",
-            self.flight_compression.value.name(),
-            self.flight_compression.source
-        );
-        let _ = writeln!(
-            out,
-            "exchange = \"{}\"  # from {}",
-            self.exchange.value.name(),
-            self.exchange.source
-        );
-        let _ = writeln!(
-            out,
-            "joins = \"{}\"  # from {}",
-            self.joins.value.name(),
-            self.joins.source
-        );
-        if let Some(listen) = &self.driver_listen.value {
-            let _ = writeln!(
-                out,
-                "driver_listen = \"{listen}\"  # from {}",
-                self.driver_listen.source
-            );
-        }
-        if let Some(min) = self.min_workers.value {
-            let _ = writeln!(
-                out,
-                "min_workers = {min}  # from {}",
-                self.min_workers.source
-            );
-        }
+        self.settings_toml(&mut out);
         let _ = writeln!(out, "\n[session]");
         let derived = self.derived_settings();
         if all {
@@ -804,6 +836,106 @@ mod tests {
         let error = ConfigLayer::from_toml("modee = \"local\"", "x.toml").unwrap_err();
         let text = error.to_string();
         assert!(text.contains("x.toml") && text.contains("modee"), "{text}");
+    }
+
+    /// `sluice config`'s lines before `[session]`, each without its source comment.
+    fn setting_lines(config: &SluiceConfig) -> Vec<String> {
+        config
+            .to_toml(false)
+            .unwrap()
+            .lines()
+            .take_while(|line| !line.is_empty())
+            .map(|line| line.split("  # from ").next().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn every_setting_reads_back_what_sluice_config_prints_from_a_file_and_its_variable() {
+        let mut config = SluiceConfig::default();
+        let layer = ConfigLayer::from_toml(
+            "mode = \"local-graph\"\nmemory_limit = \"1G\"\nworkers = 3\n\
+             flight_compression = \"zstd\"\nexchange = \"blocking\"\njoins = \"hash\"\n\
+             driver_listen = \"0.0.0.0:7070\"\nmin_workers = 2\ncapacity_wait = \"1500ms\"\n\
+             max_task_attempts = 2\n",
+            "t.toml",
+        )
+        .unwrap();
+        config.apply(layer, "t.toml").unwrap();
+        let lines = setting_lines(&config);
+        // Every declared setting is printed once it is set.
+        assert_eq!(lines.len(), SETTINGS.len(), "{lines:?}");
+        assert_eq!(lines[8], "capacity_wait = \"1500ms\"");
+        // Read back from a file.
+        let mut again = SluiceConfig::default();
+        again
+            .apply(
+                ConfigLayer::from_toml(&lines.join("\n"), "again").unwrap(),
+                "again",
+            )
+            .unwrap();
+        assert_eq!(setting_lines(&again), lines);
+        // And from each setting's own variable.
+        let mut from_env = SluiceConfig::default();
+        for (line, setting) in lines.iter().zip(SETTINGS) {
+            let (key, value) = line.split_once(" = ").unwrap();
+            assert_eq!(key, setting.key);
+            let value = value.trim_matches('"').to_string();
+            let layer = ConfigLayer::from_env([(setting.env.to_string(), value)]).unwrap();
+            from_env.apply(layer, "environment").unwrap();
+            assert_eq!(
+                from_env
+                    .to_toml(false)
+                    .unwrap()
+                    .lines()
+                    .find(|l| l.starts_with(key)),
+                Some(format!("{line}  # from environment").as_str()),
+                "{key}"
+            );
+        }
+        assert!(
+            env_vars()
+                .iter()
+                .any(|(name, _)| *name == "SLUICE_CAPACITY_WAIT")
+        );
+    }
+
+    #[test]
+    fn durations_parse_and_print_and_bad_attempt_counts_are_refused() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_duration("soon"),
+            Err("'soon' is not a duration (try 500ms, 60s or 2m)".to_string())
+        );
+        assert_eq!(
+            parse_duration("3 weeks"),
+            Err("unknown duration unit 'weeks' in '3 weeks'".to_string())
+        );
+        assert_eq!(format_duration(Duration::from_secs(60)), "60s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(
+            SluiceConfig::default().capacity_wait.value,
+            Duration::from_secs(60)
+        );
+        let error = ConfigLayer::from_toml("max_task_attempts = 0", "a.toml").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "config a.toml: max_task_attempts must be a whole number of at least 1, not '0'"
+        );
+        let error = ConfigLayer::from_toml("capacity_wait = \"soon\"", "c.toml").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "config c.toml: capacity_wait: 'soon' is not a duration (try 500ms, 60s or 2m)"
+        );
+        let error = ConfigLayer::from_toml("modee = \"local\"", "x.toml").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "config x.toml: unknown key `modee` (known: mode, memory_limit, workers, \
+             flight_compression, exchange, joins, driver_listen, min_workers, capacity_wait, \
+             max_task_attempts, [session])"
+        );
     }
 
     #[test]

@@ -33,13 +33,15 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use datafusion::arrow::compute::SortOptions;
-use datafusion::common::Result;
+use datafusion::arrow::datatypes::Schema;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{JoinSide, Result, internal_datafusion_err};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -148,14 +150,16 @@ fn converts(join: &HashJoinExec) -> bool {
         && !join.right().boundedness().is_unbounded()
 }
 
-/// The sort-merge join equal to `join`: same inputs, keys, filter, join type and null handling,
-/// keys ascending with nulls first, then `join`'s projection if it has one.
+/// The sort-merge join equal to `join`: same inputs, keys, filter (its columns reordered, left
+/// side first), join type and null handling, keys ascending with nulls first, then `join`'s
+/// projection if it has one.
 fn sort_merge_join(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
+    let filter = join.filter().map(left_columns_first).transpose()?;
     let merge: Arc<dyn ExecutionPlan> = Arc::new(SortMergeJoinExec::try_new(
         Arc::clone(join.left()),
         Arc::clone(join.right()),
         join.on().to_vec(),
-        join.filter().cloned(),
+        filter,
         *join.join_type(),
         vec![SortOptions::default(); join.on().len()],
         join.null_equality(),
@@ -177,16 +181,64 @@ fn sort_merge_join(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
     Ok(Arc::new(ProjectionExec::try_new(columns, merge)?))
 }
 
+/// `filter` with its intermediate columns in the order DataFusion 55's sort-merge join builds
+/// them: every left column, then every right column, each side in the filter's own order.
+///
+/// A hash join's filter lists its columns in any order: `JoinSelection` swaps a join's inputs by
+/// negating each column's side, so a swapped join lists right columns first. The sort-merge join
+/// assembles the filter's batch left columns first whatever the filter says, so such a filter
+/// would read each column at another's position: a type error when the types differ (TPC-H q19:
+/// "expected Decimal128(15, 2) but found Utf8View") and silently wrong rows when they agree.
+fn left_columns_first(filter: &JoinFilter) -> Result<JoinFilter> {
+    let indices = filter.column_indices();
+    let mut order: Vec<usize> = (0..indices.len()).collect();
+    // Stable: each side keeps its own order.
+    order.sort_by_key(|&i| indices[i].side != JoinSide::Left);
+    if order.iter().enumerate().all(|(new, &old)| new == old) {
+        return Ok(filter.clone());
+    }
+    let mut position = vec![0; order.len()];
+    for (new, &old) in order.iter().enumerate() {
+        position[old] = new;
+    }
+    let schema = filter.schema();
+    let fields: Vec<_> = order.iter().map(|&old| schema.field(old).clone()).collect();
+    let expression = Arc::clone(filter.expression())
+        .transform_up(|expr| match expr.downcast_ref::<Column>() {
+            Some(column) => {
+                let moved = position.get(column.index()).copied().ok_or_else(|| {
+                    internal_datafusion_err!(
+                        "join filter column {column} is not among its {} columns",
+                        position.len()
+                    )
+                })?;
+                Ok(Transformed::yes(
+                    Arc::new(Column::new(column.name(), moved)) as Arc<dyn PhysicalExpr>,
+                ))
+            }
+            None => Ok(Transformed::no(expr)),
+        })
+        .data()?;
+    Ok(JoinFilter::new(
+        expression,
+        order.iter().map(|&old| indices[old].clone()).collect(),
+        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::arrow::util::pretty::pretty_format_batches;
-    use datafusion::common::{JoinType, NullEquality};
+    use datafusion::common::{JoinType, NullEquality, ScalarValue};
     use datafusion::datasource::MemTable;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
+    use datafusion::physical_plan::joins::utils::ColumnIndex;
     use datafusion::physical_plan::{collect, displayable};
     use datafusion::prelude::{SessionConfig, SessionContext};
 
@@ -401,6 +453,81 @@ mod tests {
             expected,
             ["| r0 | l1 |", "| r0 | l2 |", "| r2 | l3 |", "| r3 | l3 |"]
         );
+        assert_eq!(rows, expected);
+    }
+
+    /// Rows of `a` and `b`'s join on `k` with `filter` over the intermediate columns
+    /// `[b.k (right), a.v (left), b.v (right)]`, as a hash join and as the rule's merge join.
+    async fn rows_with_a_right_first_filter(
+        filter: Arc<dyn PhysicalExpr>,
+    ) -> (Vec<String>, Vec<String>) {
+        let left = table("l", &[Some(1), Some(2), Some(2), Some(5), Some(5)]);
+        let right = table("r", &[Some(2), Some(2), Some(5), Some(7)]);
+        let on = vec![(
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+        )];
+        let side = |side, index| ColumnIndex { index, side };
+        let join_filter = JoinFilter::new(
+            filter,
+            vec![
+                side(JoinSide::Right, 0),
+                side(JoinSide::Left, 1),
+                side(JoinSide::Right, 1),
+            ],
+            Arc::new(Schema::new(vec![
+                Field::new("rk", DataType::Int64, true),
+                Field::new("lv", DataType::Utf8, false),
+                Field::new("rv", DataType::Utf8, false),
+            ])),
+        );
+        let hash: Arc<dyn ExecutionPlan> = Arc::new(
+            HashJoinExec::try_new(
+                scan(&left),
+                scan(&right),
+                on,
+                Some(join_filter),
+                &JoinType::Inner,
+                None,
+                PartitionMode::Partitioned,
+                NullEquality::NullEqualsNothing,
+                false,
+            )
+            .unwrap(),
+        );
+        let merge = SortMergeJoins
+            .optimize(Arc::clone(&hash), &ConfigOptions::default())
+            .unwrap();
+        assert!(merge.downcast_ref::<SortMergeJoinExec>().is_some());
+        let ctx = SessionContext::new();
+        let expected = data_rows(&collect(hash, ctx.task_ctx()).await.unwrap());
+        let rows = data_rows(&collect(merge, ctx.task_ctx()).await.unwrap());
+        (expected, rows)
+    }
+
+    #[tokio::test]
+    async fn a_filter_listing_right_columns_first_gives_the_hash_joins_rows() {
+        // `rv > lv` on strings: with the columns read in the wrong order (the swapped join of
+        // DataFusion's sort-merge join) this would be `lv > rv` and return the other rows.
+        let filter: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("rv", 2)),
+            Operator::Gt,
+            Arc::new(Column::new("lv", 1)),
+        ));
+        let (expected, rows) = rows_with_a_right_first_filter(filter).await;
+        // Every l-value sorts before every r-value, so each key match passes: 2 x 2 for key 2,
+        // 2 x 1 for key 5.
+        assert_eq!(expected.len(), 6, "{expected:?}");
+        assert_eq!(rows, expected);
+        // A filter over columns of other types (TPC-H q19's shape): `rk >= 5`, an Int64 column
+        // listed first though the merge join's batch starts with a left Utf8 column.
+        let filter: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("rk", 0)),
+            Operator::GtEq,
+            Arc::new(Literal::new(ScalarValue::Int64(Some(5)))),
+        ));
+        let (expected, rows) = rows_with_a_right_first_filter(filter).await;
+        assert_eq!(expected, ["| 5 | l3 | 5 | r2 |", "| 5 | l4 | 5 | r2 |"]);
         assert_eq!(rows, expected);
     }
 

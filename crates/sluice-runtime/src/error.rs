@@ -22,6 +22,7 @@ use datafusion::arrow::error::ArrowError;
 use datafusion::common::DataFusionError;
 use datafusion::parquet::errors::ParquetError;
 use datafusion::sql::sqlparser::parser::ParserError;
+use sluice_shuffle::IncompleteStream;
 
 /// What kind of failure an error is; decides retries and, on the wire, status codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -343,14 +344,20 @@ impl RemoteError {
                     ("sql.recursion".into(), String::new(), User)
                 }
             },
-            DataFusionError::External(inner) => match inner.downcast_ref::<SluiceFailure>() {
-                Some(failure) => (
-                    format!("sluice.{}", failure.kind.name()),
-                    failure.message.clone(),
-                    failure.kind,
-                ),
-                None => ("external".into(), inner.to_string(), User),
-            },
+            DataFusionError::External(inner) => {
+                if let Some(failure) = inner.downcast_ref::<SluiceFailure>() {
+                    (
+                        format!("sluice.{}", failure.kind.name()),
+                        failure.message.clone(),
+                        failure.kind,
+                    )
+                } else if let Some(incomplete) = inner.downcast_ref::<IncompleteStream>() {
+                    // A stream whose writer went away: another attempt may read it whole.
+                    ("sluice.transport".into(), incomplete.to_string(), Transport)
+                } else {
+                    ("external".into(), inner.to_string(), User)
+                }
+            }
             DataFusionError::ObjectStore(_) => ("other".into(), root.to_string(), Transport),
             DataFusionError::ExecutionJoin(_) => ("other".into(), root.to_string(), Internal),
             other => ("other".into(), other.to_string(), User),

@@ -16,13 +16,15 @@
 //! worker code a cluster runs; `sluice-cluster` adds tonic gRPC and Arrow Flight implementations of
 //! the same traits. [`runner`] holds the `JobRunner` trait and the local and local-graph runners;
 //! [`error`] carries errors across hops with their kind and text; [`analyze`] builds the per-stage
-//! rows `EXPLAIN ANALYZE` adds in every distributed mode.
+//! rows `EXPLAIN ANALYZE` adds in every distributed mode; [`faults`] holds the named fault points
+//! tests fire in workers.
 
 pub mod analyze;
 pub mod codec;
 pub mod definition;
 pub mod driver;
 pub mod error;
+pub mod faults;
 mod memory;
 pub mod plan;
 pub mod runner;

@@ -28,8 +28,11 @@
 //!   the last one seen for that task attempt, change nothing (stale, duplicated or out of order), and
 //!   the outcome says so (`accepted: false`), so the shell records nothing from them;
 //! - a user error (see [`ErrorKind`]) fails the job at once: retrying a deterministic failure only
-//!   repeats it; a region may fail `max_attempts` times, and an attempt lost with its worker is not
-//!   charged to it (the region did nothing wrong);
+//!   repeats it; a region may fail `max_attempts` times; an attempt lost with a worker that was
+//!   cut off (silent, unreachable) is not charged to it (the region did nothing wrong), one lost
+//!   with a worker process that died is (the task may be what kills it), so a task that kills every
+//!   worker it lands on fails its job after `max_attempts`, the failure listing what each attempt
+//!   met;
 //! - the job fails with the first real failure, never with the cancellations it caused;
 //! - a region whose output already reached the caller is retried like any other: the job output
 //!   skips what the caller already has and proves that the retry reproduced it (`driver::output`);
@@ -65,6 +68,21 @@ pub struct JobFailure {
     pub error: RemoteError,
     /// Attempts its region made.
     pub attempts: usize,
+    /// What each failed attempt of its region met, oldest first (the last is `error`):
+    /// `attempt N: stage S partition P: <error>`.
+    pub history: Vec<String>,
+}
+
+/// How a task attempt was lost with its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerLoss {
+    /// The worker fell silent or could not be reached (it may be cut off, not dead): not charged.
+    CutOff,
+    /// The worker's process died: charged to the region, since its task may be the cause.
+    ProcessExited,
+    /// The worker answers but does not know the attempt (it never ran it, or its final report
+    /// was lost): charged, since its task may be what broke the report.
+    Forgotten,
 }
 
 /// What the shell must do.
@@ -173,8 +191,10 @@ struct Job {
     sequences: HashMap<TaskAttempt, u64>,
     /// Per region, the attempt number its next start takes.
     next_attempt: Vec<usize>,
-    /// Failures charged to each region (a loss with its worker is not charged).
+    /// Failures charged to each region (a loss with a cut-off worker is not charged).
     failures: HashMap<RegionId, usize>,
+    /// What each failed attempt of a region met, oldest first.
+    met: HashMap<RegionId, Vec<String>>,
 }
 
 impl Job {
@@ -256,6 +276,7 @@ impl JobScheduler {
             graph,
             sequences: HashMap::new(),
             failures: HashMap::new(),
+            met: HashMap::new(),
         };
         self.jobs.insert(job_id, job);
         let actions = self.start_ready_regions(job_id);
@@ -473,15 +494,17 @@ impl JobScheduler {
         self.fail_running(job, attempt, error, true)
     }
 
-    /// `attempt` was lost with its worker: it failed with `error`, whatever it reported before. The
-    /// failure is not charged to its region (see `DriverOptions::max_attempts`).
+    /// `attempt` was lost with its worker: it failed with `error`, whatever it reported before.
+    /// The failure is charged to its region only if the worker's process died (see
+    /// [`WorkerLoss`]).
     pub fn task_lost(
         &mut self,
         job: JobId,
         attempt: TaskAttempt,
         error: RemoteError,
+        loss: WorkerLoss,
     ) -> Vec<SchedulerAction> {
-        self.fail_running(job, attempt, error, false)
+        self.fail_running(job, attempt, error, loss != WorkerLoss::CutOff)
     }
 
     /// Fails `attempt` with `error` if it is its region's current, unfinished attempt.
@@ -564,6 +587,11 @@ impl JobScheduler {
             *failures += 1;
         }
         let failures = *failures;
+        let first_line = error.message.lines().next().unwrap_or_default().to_string();
+        state.met.entry(region).or_default().push(format!(
+            "attempt {attempt}: stage {} partition {}: {first_line}",
+            failed.task.stage, failed.task.partition
+        ));
         let retry = error.kind.is_retryable() && failures < max_attempts;
         if retry {
             let region_tasks = state.region_tasks(region);
@@ -595,6 +623,7 @@ impl JobScheduler {
         }
         let mut running = state.running_attempts();
         running.retain(|t| *t != failed);
+        let history = state.met.remove(&region).unwrap_or_default();
         self.jobs.remove(&job);
         let mut actions = Vec::new();
         if !running.is_empty() {
@@ -609,6 +638,7 @@ impl JobScheduler {
                 task: failed,
                 error,
                 attempts: attempt + 1,
+                history,
             },
         });
         actions.push(SchedulerAction::CleanUpJob { job });

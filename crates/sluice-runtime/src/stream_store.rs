@@ -20,7 +20,10 @@
 //!   if the output does not exist yet, when it is created, so a producer never waits for a reader
 //!   that will not come;
 //! - memory is bounded by `MemoryPool` reservations with spill to disk; removing a job drops every
-//!   buffered batch and spill file it still had here.
+//!   buffered batch and spill file it still had here;
+//! - a stream ends cleanly only after its writer's [`TaskSender::finish`]: a writer that failed
+//!   ([`TaskSender::fail`]) or went away (a stopped or panicked attempt) fails every reader, naming
+//!   the producing attempt, with a retryable kind (a user error keeps its kind and text).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -42,7 +45,8 @@ use sluice_shuffle::{
 
 use tokio::sync::Notify;
 
-use crate::error::transport_error;
+use crate::error::{ErrorKind, RemoteError, sluice_error, transport_error};
+use crate::faults::{FaultPoint, FaultPoints};
 use crate::memory::blocking_outputs_pool;
 
 /// Batches queued per pipelined channel before a producer waits (when every channel is full).
@@ -219,7 +223,7 @@ impl StreamStore {
                     replicas,
                     schema,
                 };
-                (output, SenderKind::Blocking(BlockingWriter(buffer)))
+                (output, SenderKind::Blocking(BlockingWriter(Some(buffer))))
             }
         };
         {
@@ -244,6 +248,8 @@ impl StreamStore {
         self.changed.notify_waiters();
         Ok(TaskSender {
             kind: sender,
+            faults: None,
+            name,
             channels,
             spilled_bytes,
             spill_files,
@@ -413,12 +419,15 @@ impl StreamStore {
     }
 }
 
-/// Closes a blocking output when its writer goes away (its task ended, either way).
-struct BlockingWriter(Arc<ReplayableOutput>);
+/// A blocking output's writer: finishing or failing ends the output that way; going away without
+/// either (a stopped or panicked attempt) abandons it, which fails its readers.
+struct BlockingWriter(Option<Arc<ReplayableOutput>>);
 
 impl Drop for BlockingWriter {
     fn drop(&mut self) {
-        self.0.close();
+        if let Some(output) = self.0.take() {
+            output.abandon();
+        }
     }
 }
 
@@ -430,9 +439,14 @@ enum SenderKind {
     Blocking(BlockingWriter),
 }
 
-/// The writer side of one task attempt's output.
+/// The writer side of one task attempt's output. Its readers see a clean end only after
+/// [`finish`](Self::finish); dropping it without finishing fails them.
 pub struct TaskSender {
     kind: SenderKind,
+    /// The writing worker's fault points (`spill_write` fires after a spill of this output).
+    faults: Option<Arc<FaultPoints>>,
+    /// The output's name in errors: the worker and the attempt.
+    name: String,
     channels: usize,
     spilled_bytes: Count,
     spill_files: Count,
@@ -455,8 +469,26 @@ impl TaskSender {
         self.channels
     }
 
+    /// Arms `faults` (the writing worker's) on this output.
+    pub fn with_faults(mut self, faults: Option<Arc<FaultPoints>>) -> Self {
+        self.faults = faults;
+        self
+    }
+
     /// Sends `batch` to `channel` (every replica of it); `false` when no reader is left.
     pub async fn send(&self, channel: usize, batch: RecordBatch) -> Result<bool> {
+        let Some(faults) = &self.faults else {
+            return self.send_batch(channel, batch).await;
+        };
+        let spills = self.spill_files.value();
+        let open = self.send_batch(channel, batch).await?;
+        if self.spill_files.value() > spills {
+            faults.fire(FaultPoint::SpillWrite).await?;
+        }
+        Ok(open)
+    }
+
+    async fn send_batch(&self, channel: usize, batch: RecordBatch) -> Result<bool> {
         match &self.kind {
             SenderKind::Pipelined { sender, replicas } => {
                 let mut open = false;
@@ -467,11 +499,57 @@ impl TaskSender {
                 }
                 Ok(open)
             }
-            SenderKind::Blocking(writer) => {
-                writer.0.append(channel, batch)?;
+            SenderKind::Blocking(BlockingWriter(Some(output))) => {
+                output.append(channel, batch)?;
                 Ok(true)
             }
+            SenderKind::Blocking(BlockingWriter(None)) => Err(DataFusionError::Internal(format!(
+                "{}: written after its end",
+                self.name
+            ))),
         }
+    }
+
+    /// The attempt wrote its last batch: readers end after what they have not read yet.
+    pub fn finish(self) {
+        match self.kind {
+            SenderKind::Pipelined { sender, .. } => sender.finish(),
+            SenderKind::Blocking(mut writer) => {
+                if let Some(output) = writer.0.take() {
+                    output.finish();
+                }
+            }
+        }
+    }
+
+    /// The attempt failed with `error`: every reader fails at once with [`Self::reader_error`].
+    pub fn fail(self, error: &DataFusionError) {
+        let reader_error = self.reader_error(error);
+        match self.kind {
+            SenderKind::Pipelined { sender, .. } => sender.fail(reader_error),
+            SenderKind::Blocking(mut writer) => {
+                if let Some(output) = writer.0.take() {
+                    output.fail(reader_error);
+                }
+            }
+        }
+    }
+
+    /// What a reader of this output gets when its attempt failed with `error`: a user error as
+    /// it is (the same text local mode shows, never retried), anything else as a retryable
+    /// failure naming this output (worker and attempt) over the attempt's error.
+    fn reader_error(&self, error: &DataFusionError) -> DataFusionError {
+        let remote = RemoteError::of(error);
+        if remote.kind == ErrorKind::User {
+            return remote.to_error();
+        }
+        sluice_error(
+            ErrorKind::Transport,
+            format!(
+                "{} is incomplete: its task failed before the end of its output: {remote}",
+                self.name
+            ),
+        )
     }
 }
 
@@ -538,14 +616,14 @@ mod tests {
             async move { rows(&store, id).await }
         });
         assert!(sender.send(0, batch(&[1, 2])).await.unwrap());
-        drop(sender);
+        sender.finish();
         assert_eq!(reading.await.unwrap().unwrap(), [1, 2]);
         let again = rows(&store, id).await.unwrap_err().to_string();
         assert!(again.contains("was already read"), "{again}");
 
         blocking.send(1, batch(&[7])).await.unwrap();
         blocking.send(1, batch(&[8, 9])).await.unwrap();
-        drop(blocking);
+        blocking.finish();
         for replica in 0..3 {
             assert_eq!(
                 rows(&store, key(1).stream(1).replica(replica))
@@ -565,6 +643,54 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_fails_or_goes_away_fails_its_readers_naming_the_attempt() {
+        for mode in [OutputMode::Pipelined, OutputMode::Blocking] {
+            let store = store();
+            let id = |attempt| key(attempt).stream(0).replica(0);
+            // Dropped mid-stream (a stopped or panicked attempt).
+            let sender = store.create_output(key(0), 1, 1, mode, schema()).unwrap();
+            sender.send(0, batch(&[1, 2])).await.unwrap();
+            drop(sender);
+            let error = rows(&store, id(0)).await.unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "External error: worker 1 job 1 stage 0 partition 0 attempt 0 is incomplete: its \
+                 writer went away before the end of its output (its task failed, was stopped or \
+                 panicked)",
+                "{mode:?}"
+            );
+            assert_eq!(ErrorKind::of(&error), ErrorKind::Transport, "{mode:?}");
+            // Failed with an environment error: retryable, naming the attempt and the cause.
+            let sender = store.create_output(key(1), 1, 1, mode, schema()).unwrap();
+            sender.send(0, batch(&[1])).await.unwrap();
+            sender.fail(&DataFusionError::ResourcesExhausted(
+                "sort needs 9 MB".into(),
+            ));
+            let error = rows(&store, id(1)).await.unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "External error: worker 1 job 1 stage 0 partition 0 attempt 1 is incomplete: its \
+                 task failed before the end of its output: Resources exhausted: sort needs 9 MB",
+                "{mode:?}"
+            );
+            assert_eq!(ErrorKind::of(&error), ErrorKind::Transport, "{mode:?}");
+            // Failed with a user error: the reader fails with the same error, never retried.
+            let sender = store.create_output(key(2), 1, 1, mode, schema()).unwrap();
+            sender.fail(&DataFusionError::ArrowError(
+                Box::new(datafusion::arrow::error::ArrowError::DivideByZero),
+                None,
+            ));
+            let error = rows(&store, id(2)).await.unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "Arrow error: Divide by zero error",
+                "{mode:?}"
+            );
+            assert_eq!(ErrorKind::of(&error), ErrorKind::User, "{mode:?}");
+        }
     }
 
     #[tokio::test]

@@ -42,8 +42,10 @@ pub struct RunTaskError {
 
 /// How the driver reaches one worker's control plane.
 pub trait WorkerClient: Send + Sync + fmt::Debug {
-    /// Starts a task attempt.
-    fn run_task(&self, definition: TaskDefinition) -> BoxFuture<'static, Result<(), RunTaskError>>;
+    /// Starts a task attempt; answers how many `RunTask`s the worker accepted so far, this one
+    /// included (its heartbeats say the same of the attempts they list).
+    fn run_task(&self, definition: TaskDefinition)
+    -> BoxFuture<'static, Result<u64, RunTaskError>>;
     /// Stops a task attempt (its output is removed).
     fn stop_task(&self, attempt: AttemptKey) -> BoxFuture<'static, Result<()>>;
     /// No consumer will read more of `attempt`'s output: drop what is left of it.
@@ -116,7 +118,10 @@ impl StreamFetcher for InProcessNetwork {
 pub struct InProcessClient(pub Worker);
 
 impl WorkerClient for InProcessClient {
-    fn run_task(&self, definition: TaskDefinition) -> BoxFuture<'static, Result<(), RunTaskError>> {
+    fn run_task(
+        &self,
+        definition: TaskDefinition,
+    ) -> BoxFuture<'static, Result<u64, RunTaskError>> {
         let result = self.0.run_task(definition).map_err(|error| RunTaskError {
             refused: true,
             error: RemoteError::of(&error),

@@ -15,8 +15,13 @@
 //! - **Bounded memory**: each channel holds a `MemoryReservation` in the runtime's `MemoryPool`. When a
 //!   reservation cannot grow, the batch goes to a spill file (Arrow IPC, lz4) instead, and is read back in
 //!   its turn. Spill files are deleted as soon as they are read, or when the channel is dropped.
-//! - **Cancellation**: dropping a receiver frees its reservation and files and makes sends to it no-ops;
-//!   dropping every sender ends the channels after what is buffered. Nothing here spawns a task.
+//! - **Explicit end**: the channels end (after what is buffered) only when every sender has called
+//!   [`ChannelSender::finish`]. A sender that fails ([`ChannelSender::fail`]) or is dropped without
+//!   finishing (a stopped task, a panic) makes every receiver return an error at once, never a clean
+//!   end: a consumer never mistakes a failed producer's partial output for all of it
+//!   (`stream_end`).
+//! - **Cancellation**: dropping a receiver frees its reservation and files and makes sends to it no-ops.
+//!   Nothing here spawns a task.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,6 +39,8 @@ use datafusion_physical_plan::spill::SpillManager;
 use futures::StreamExt;
 use tokio::sync::Notify;
 
+use crate::stream_end::WriterEnd;
+
 enum Entry {
     Memory { batch: RecordBatch, bytes: usize },
     Spilled { file: Arc<dyn SpillFile> },
@@ -48,6 +55,7 @@ struct Channel {
 struct State {
     channels: Vec<Channel>,
     senders: usize,
+    end: WriterEnd,
 }
 
 struct Shared {
@@ -102,6 +110,7 @@ pub fn channel_set(
             })
             .collect(),
         senders: 1,
+        end: WriterEnd::Clean,
     };
     let shared = Arc::new(Shared {
         state: Mutex::new(state),
@@ -115,14 +124,23 @@ pub fn channel_set(
         .map(|channel| ChannelReceiver {
             shared: shared.clone(),
             channel,
+            ended: false,
         })
         .collect();
-    (ChannelSender { shared }, receivers)
+    (
+        ChannelSender {
+            shared,
+            finished: false,
+        },
+        receivers,
+    )
 }
 
-/// The producing side; clone it for several producers. Dropping every clone ends the channels.
+/// The producing side; clone it for several producers. The channels end cleanly once every clone
+/// has called [`finish`](Self::finish); a clone dropped without it fails every receiver.
 pub struct ChannelSender {
     shared: Arc<Shared>,
+    finished: bool,
 }
 
 impl Clone for ChannelSender {
@@ -132,6 +150,7 @@ impl Clone for ChannelSender {
         }
         Self {
             shared: self.shared.clone(),
+            finished: false,
         }
     }
 }
@@ -140,6 +159,9 @@ impl Drop for ChannelSender {
     fn drop(&mut self) {
         if let Ok(mut state) = self.shared.lock() {
             state.senders = state.senders.saturating_sub(1);
+            if !self.finished {
+                state.end.abandon();
+            }
         }
         for notify in &self.shared.data {
             notify.notify_waiters();
@@ -148,6 +170,21 @@ impl Drop for ChannelSender {
 }
 
 impl ChannelSender {
+    /// This producer sent its last batch: once every producer finished, receivers end after what
+    /// is buffered.
+    pub fn finish(mut self) {
+        self.finished = true;
+    }
+
+    /// This producer failed: every receiver gets `error` at once (and then its end), whatever is
+    /// still buffered.
+    pub fn fail(mut self, error: DataFusionError) {
+        if let Ok(mut state) = self.shared.lock() {
+            state.end.fail(error);
+        }
+        self.finished = true;
+    }
+
     /// Queues `batch` for `channel`, waiting while every open channel is full. Returns `false` when no
     /// consumer is left at all (the producer may stop); a batch for a channel whose consumer is gone is
     /// dropped.
@@ -212,6 +249,8 @@ impl ChannelSender {
 pub struct ChannelReceiver {
     shared: Arc<Shared>,
     channel: usize,
+    /// It returned its end, or the error that ended it.
+    ended: bool,
 }
 
 impl ChannelReceiver {
@@ -220,8 +259,12 @@ impl ChannelReceiver {
         self.channel
     }
 
-    /// The next batch, `None` once every sender is gone and the queue is empty.
+    /// The next batch; `None` once every sender finished and the queue is empty. If a sender
+    /// failed or went away without finishing, its error (once, at once), then `None`.
     pub async fn recv(&mut self) -> Option<Result<RecordBatch>> {
+        if self.ended {
+            return None;
+        }
         let shared = self.shared.clone();
         loop {
             let data = shared.data[self.channel].notified();
@@ -232,6 +275,10 @@ impl ChannelReceiver {
                     Ok(state) => state,
                     Err(error) => return Some(Err(error)),
                 };
+                if let Some(error) = state.end.reader_error(&shared.name) {
+                    self.ended = true;
+                    return Some(Err(error));
+                }
                 let channel = &mut state.channels[self.channel];
                 match channel.queue.pop_front() {
                     Some(entry) => {
@@ -244,7 +291,10 @@ impl ChannelReceiver {
                         }
                         Some(entry)
                     }
-                    None if state.senders == 0 => return None,
+                    None if state.senders == 0 => {
+                        self.ended = true;
+                        return None;
+                    }
                     None => None,
                 }
             };
@@ -381,6 +431,7 @@ mod tests {
                         .unwrap()
                 );
             }
+            sender.finish();
         };
         let reader = async move {
             let mut next = 0i64;
@@ -448,17 +499,75 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn dropping_the_senders_ends_the_channels_after_the_buffered_batches() {
+    async fn finished_senders_end_the_channels_after_the_buffered_batches() {
         let dir = tempfile::tempdir().unwrap();
         let (sender, mut receivers) = set(1, 4, runtime(1 << 30, dir.path()));
         let second = sender.clone();
         sender.send(0, batch(0, 2)).await.unwrap();
-        drop(sender);
+        sender.finish();
         second.send(0, batch(2, 2)).await.unwrap();
-        drop(second);
+        // One producer still writing: a reader that caught up waits.
         assert_eq!(receivers[0].recv().await.unwrap().unwrap().num_rows(), 2);
         assert_eq!(receivers[0].recv().await.unwrap().unwrap().num_rows(), 2);
+        let waiting = tokio::time::timeout(Duration::from_millis(50), receivers[0].recv()).await;
+        assert!(
+            waiting.is_err(),
+            "the stream must not end before every sender finished"
+        );
+        second.finish();
         assert!(receivers[0].recv().await.is_none());
+    }
+
+    /// Drains `receiver`: the batches' row counts, then the error that ended it, if any.
+    async fn drain(receiver: &mut ChannelReceiver) -> (Vec<usize>, Option<String>) {
+        let mut rows = Vec::new();
+        while let Some(batch) = receiver.recv().await {
+            match batch {
+                Ok(batch) => rows.push(batch.num_rows()),
+                Err(error) => {
+                    assert!(receiver.recv().await.is_none(), "an error ends the stream");
+                    return (rows, Some(error.to_string()));
+                }
+            }
+        }
+        (rows, None)
+    }
+
+    #[tokio::test]
+    async fn a_sender_dropped_without_finishing_fails_every_receiver_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sender, mut receivers) = set(2, 4, runtime(1 << 30, dir.path()));
+        let second = sender.clone();
+        sender.send(0, batch(0, 3)).await.unwrap();
+        sender.send(1, batch(3, 1)).await.unwrap();
+        second.finish();
+        // The producer's task panicked or was stopped: its sender is dropped mid-stream.
+        drop(sender);
+        for receiver in &mut receivers {
+            let (rows, error) = drain(receiver).await;
+            // The buffered batch is not delivered: it is part of an incomplete output.
+            assert_eq!(rows, Vec::<usize>::new());
+            assert_eq!(
+                error.as_deref(),
+                Some(
+                    "External error: test is incomplete: its writer went away before the end \
+                     of its output (its task failed, was stopped or panicked)"
+                )
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_sender_hands_its_error_to_a_waiting_receiver() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sender, mut receivers) = set(1, 4, runtime(1 << 30, dir.path()));
+        let mut receiver = receivers.remove(0);
+        let reading = tokio::spawn(async move { drain(&mut receiver).await });
+        tokio::task::yield_now().await;
+        sender.fail(DataFusionError::Execution("disk on fire".into()));
+        let (rows, error) = reading.await.unwrap();
+        assert_eq!(rows, Vec::<usize>::new());
+        assert_eq!(error.as_deref(), Some("Execution error: disk on fire"));
     }
 
     #[tokio::test]

@@ -15,6 +15,8 @@
 //! - [`kernel`]: a producer partition's routing + batching, choosing builders or coalescers.
 //! - [`channels`]: channel buffers with a memory budget, DataFusion-style backpressure and lz4 IPC spill.
 //! - [`replay`]: replayable channel buffers for blocking outputs (read any number of times, spill).
+//! - [`stream_end`]: explicit stream ends: a stream ends cleanly only when its writer finishes it;
+//!   a failed or vanished writer fails its readers ([`IncompleteStream`]).
 //! - [`metrics`]: rows/bytes per channel, routing and coalescing time, spill, as a DataFusion `MetricsSet`.
 //!
 //! This crate depends only on arrow and DataFusion's physical-plan layer, so it builds and benchmarks
@@ -30,6 +32,7 @@ pub mod metrics;
 pub mod modulo;
 pub mod partitioner;
 pub mod replay;
+pub mod stream_end;
 
 pub use builders::ChannelBuilders;
 pub use channels::{ChannelReceiver, ChannelSender, channel_set};
@@ -39,3 +42,4 @@ pub use metrics::{ShuffleMetrics, batch_data_bytes};
 pub use modulo::FastModulo;
 pub use partitioner::{Partitioner, RoutedBatch, RoutingScheme, RoutingTimes};
 pub use replay::{ReplayReader, ReplayableOutput, Residence};
+pub use stream_end::IncompleteStream;

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! Invariants: every reader of a channel sees exactly the batches appended to it, in order; a reader
-//! that catches up with the writer waits for the next batch or for the writer to close; memory is held
+//! that catches up with the writer waits for the next batch or for the writer to finish; a writer
+//! that fails or is dropped without finishing (`stream_end`) fails every reader at once, never a
+//! clean end; memory is held
 //! in one `MemoryReservation` and a batch the pool has no room for goes to an lz4 Arrow IPC spill file
 //! (read back by every reader, deleted when the output is dropped); an output made [`Residence::Disk`]
 //! writes every batch to such a file and holds no pool memory at all, so outputs kept for a whole
@@ -31,6 +33,7 @@ use datafusion_physical_plan::spill::SpillManager;
 use tokio::sync::Notify;
 
 use crate::channels::read_spilled_batch;
+use crate::stream_end::WriterEnd;
 
 #[derive(Clone)]
 enum Entry {
@@ -41,6 +44,7 @@ enum Entry {
 struct State {
     channels: Vec<Vec<Entry>>,
     writing: bool,
+    end: WriterEnd,
     reservation: MemoryReservation,
 }
 
@@ -89,6 +93,7 @@ impl ReplayableOutput {
             state: Mutex::new(State {
                 channels: vec![Vec::new(); channels],
                 writing: true,
+                end: WriterEnd::Clean,
                 reservation: MemoryConsumer::new(format!("{name} (replayable)"))
                     .register(&runtime.memory_pool),
             }),
@@ -142,15 +147,34 @@ impl ReplayableOutput {
         Ok(())
     }
 
-    /// The writer is done: readers that caught up end instead of waiting.
-    pub fn close(&self) {
-        if let Ok(mut state) = self.lock() {
+    /// The writer appended its last batch: readers that caught up end instead of waiting.
+    pub fn finish(&self) {
+        self.end_writing(|_| {});
+    }
+
+    /// The writer failed: every reader gets `error` at once, then its end (a writer that already
+    /// ended changes nothing).
+    pub fn fail(&self, error: DataFusionError) {
+        self.end_writing(|end| end.fail(error));
+    }
+
+    /// The writer went away without finishing (its task was stopped or panicked): every reader
+    /// gets an `IncompleteStream` error. Nothing changes if it already finished or failed.
+    pub fn abandon(&self) {
+        self.end_writing(WriterEnd::abandon);
+    }
+
+    fn end_writing(&self, record: impl FnOnce(&mut WriterEnd)) {
+        if let Ok(mut state) = self.lock()
+            && state.writing
+        {
             state.writing = false;
+            record(&mut state.end);
         }
         self.appended.notify_waiters();
     }
 
-    /// Whether the writer has closed the output.
+    /// Whether the writer has ended the output (finished, failed or abandoned it).
     pub fn is_closed(&self) -> bool {
         self.lock().is_ok_and(|state| !state.writing)
     }
@@ -173,6 +197,7 @@ impl ReplayableOutput {
             output: Arc::clone(self),
             channel,
             position: 0,
+            ended: false,
         })
     }
 }
@@ -182,11 +207,17 @@ pub struct ReplayReader {
     output: Arc<ReplayableOutput>,
     channel: usize,
     position: usize,
+    /// It returned the error that ended it.
+    ended: bool,
 }
 
 impl ReplayReader {
-    /// The next batch, `None` at the end of a closed output.
+    /// The next batch, `None` at the end of a finished output; the writer's error (once, at once)
+    /// if it failed or went away without finishing.
     pub async fn recv(&mut self) -> Option<Result<RecordBatch>> {
+        if self.ended {
+            return None;
+        }
         loop {
             let appended = self.output.appended.notified();
             tokio::pin!(appended);
@@ -196,6 +227,10 @@ impl ReplayReader {
                     Ok(state) => state,
                     Err(error) => return Some(Err(error)),
                 };
+                if let Some(error) = state.end.reader_error(&self.output.name) {
+                    self.ended = true;
+                    return Some(Err(error));
+                }
                 match state.channels[self.channel].get(self.position) {
                     Some(entry) => Some(entry.clone()),
                     None if !state.writing => return None,
@@ -295,7 +330,7 @@ mod tests {
             out.append(0, batch(i * 1000, 1000)).unwrap();
         }
         out.append(1, batch(-5, 5)).unwrap();
-        out.close();
+        out.finish();
         let expected: Vec<i64> = (0..6000).collect();
         assert_eq!(read_all(out.reader(0).unwrap()).await, expected);
         // A second reader (another replica, or a retried consumer) reads the same again.
@@ -321,7 +356,7 @@ mod tests {
         for i in 0..3 {
             out.append(0, batch(i * 10, 10)).unwrap();
         }
-        out.close();
+        out.finish();
         assert_eq!(out.memory_bytes(), 0);
         assert_eq!(files_in(dir.path()), 3);
         let expected: Vec<i64> = (0..30).collect();
@@ -357,9 +392,51 @@ mod tests {
         let read = tokio::spawn(read_all(reader));
         tokio::task::yield_now().await;
         out.append(0, batch(3, 2)).unwrap();
-        out.close();
+        out.finish();
         assert_eq!(read.await.unwrap(), vec![0, 1, 2, 3, 4]);
         assert!(out.is_closed());
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_or_failed_output_fails_every_reader_never_ends_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = output(1 << 20, dir.path());
+        out.append(0, batch(0, 3)).unwrap();
+        let waiting = tokio::spawn({
+            let reader = out.reader(1).unwrap();
+            async move {
+                let mut reader = reader;
+                let first = reader.recv().await.map(|r| r.map(|b| b.num_rows()));
+                (
+                    first.map(|r| r.map_err(|e| e.to_string())),
+                    reader.recv().await.is_none(),
+                )
+            }
+        });
+        tokio::task::yield_now().await;
+        out.abandon();
+        let expected = "External error: test is incomplete: its writer went away before the end \
+                        of its output (its task failed, was stopped or panicked)";
+        assert_eq!(
+            waiting.await.unwrap(),
+            (Some(Err(expected.to_string())), true)
+        );
+        // A reader from the start gets the error before the batch already appended.
+        let mut reader = out.reader(0).unwrap();
+        assert_eq!(
+            reader.recv().await.unwrap().unwrap_err().to_string(),
+            expected
+        );
+        assert!(reader.recv().await.is_none());
+        // A later finish changes nothing.
+        out.finish();
+        assert!(out.reader(0).unwrap().recv().await.unwrap().is_err());
+
+        let failed = output(1 << 20, dir.path());
+        failed.append(0, batch(0, 3)).unwrap();
+        failed.fail(DataFusionError::ResourcesExhausted("pool".into()));
+        let error = failed.reader(0).unwrap().recv().await.unwrap().unwrap_err();
+        assert_eq!(error.to_string(), "Resources exhausted: pool");
     }
 
     #[test]

@@ -20,16 +20,10 @@ pub use run::{FileReport, RunnerFactory, SltEvent, SltFailure, SltOptions, SltTa
 /// The settings DataFusion's runner uses: four target partitions (so that results do not depend on the
 /// machine) and DataFusion's defaults otherwise, with the user's own settings on top.
 pub fn slt_config(user: &SluiceConfig) -> Result<SluiceConfig> {
+    // The user's Sluice settings; DataFusion's start from its defaults.
     let mut config = SluiceConfig {
-        mode: user.mode.clone(),
-        memory_limit: user.memory_limit.clone(),
-        workers: user.workers.clone(),
-        flight_compression: user.flight_compression.clone(),
-        exchange: user.exchange.clone(),
-        joins: user.joins.clone(),
-        driver_listen: user.driver_listen.clone(),
-        min_workers: user.min_workers.clone(),
         session: Default::default(),
+        ..user.clone()
     };
     let defaults = ConfigLayer {
         session: vec![("datafusion.execution.target_partitions".into(), "4".into())],

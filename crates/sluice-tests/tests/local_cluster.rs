@@ -285,13 +285,27 @@ async fn a_task_that_always_fails_fails_the_query_with_its_own_error() {
         .await
         .unwrap_err()
         .to_string();
-    // "job 1: stage 0 partition 0 failed on worker 2 (127.0.0.1:…) after 4 attempts caused by
-    //  External error: injected fault in job 1 stage 0 partition 0 attempt 3: disk on fire"
+    // "job 1: stage 0 partition 0 failed on worker 2 (127.0.0.1:…) after 4 attempts (attempt 0:
+    //  stage 0 partition 0: injected fault in … attempt 0: disk on fire; …) caused by External
+    //  error: injected fault in job 1 stage 0 partition 0 attempt 3: disk on fire"
     assert!(
         error.starts_with("job 1: stage 0 partition 0 failed on worker "),
         "{error}"
     );
-    assert!(error.contains(" after 4 attempts caused by External error: injected fault in job 1 stage 0 partition 0 attempt 3: disk on fire"), "{error}");
+    let history: Vec<String> = (0..4)
+        .map(|n| {
+            format!(
+                "attempt {n}: stage 0 partition 0: injected fault in job 1 stage 0 partition 0 \
+                 attempt {n}: disk on fire"
+            )
+        })
+        .collect();
+    let expected = format!(
+        " after 4 attempts ({}) caused by External error: injected fault in job 1 stage 0 \
+         partition 0 attempt 3: disk on fire",
+        history.join("; ")
+    );
+    assert!(error.contains(&expected), "{error}");
     assert!(!error.contains("cancelled"), "{error}");
     let seen = seen.lock().unwrap().clone();
     for attempt in 0..4 {

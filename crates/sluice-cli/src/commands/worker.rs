@@ -9,6 +9,7 @@
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -17,6 +18,7 @@ use sluice_cluster::{
 };
 use sluice_engine::{Result, SluiceConfig, SluiceError};
 use sluice_runtime::WorkerOptions;
+use sluice_runtime::faults::{FAILPOINTS_VAR, FaultPoints};
 use tokio::runtime::Runtime;
 
 use crate::runners::compression_of;
@@ -92,6 +94,9 @@ pub fn run(args: WorkerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result
         slots: args.slots.unwrap_or(WorkerOptions::default().slots).max(1),
         memory_limit,
         work_dir: args.work_dir.clone(),
+        faults: FaultPoints::from_env()
+            .map_err(|e| SluiceError::invalid(format!("{FAILPOINTS_VAR}: {e}")))?
+            .map(Arc::new),
         ..WorkerOptions::default()
     };
     let options = WorkerProcessOptions {

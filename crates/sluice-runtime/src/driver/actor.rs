@@ -10,7 +10,10 @@
 //! - what a report carries (metrics) is recorded only if the scheduler accepted the report;
 //! - output of a task attempt reaches the caller only if the scheduler approves it;
 //! - a worker silent for longer than the heartbeat timeout is lost: its running attempts fail with a
-//!   transport error naming it, and their regions are retried on the other workers.
+//!   transport error naming it, and their regions are retried on the other workers; only a worker
+//!   whose process ended charges its attempts to their regions;
+//! - a region needing more slots than the live workers have waits up to the capacity wait for
+//!   workers to join, then fails its job saying how many it needed and had.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -30,6 +33,7 @@ use super::history::JobHistory;
 use super::job::{JobEntry, JobPhase};
 use super::output::{FinishedJob, OutputCommand};
 use super::placement::{Location, Placement, PlacementView, Slots, next_region, place};
+use super::reconcile::{Reconciled, WorkerBeat, reconcile};
 use super::shipping::ship_stages;
 use super::{
     DriverCounters, DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress,
@@ -38,7 +42,7 @@ use super::{
 use crate::analyze::{is_analyze, stage_reports};
 use crate::definition::{TaskState, TaskStatusReport};
 use crate::error::{ErrorKind, RemoteError};
-use crate::scheduler::{JobFailure, JobScheduler, SchedulerAction, TaskStatus};
+use crate::scheduler::{JobFailure, JobScheduler, SchedulerAction, TaskStatus, WorkerLoss};
 use crate::transport::{RunTaskError, WorkerClient};
 
 /// A registered worker.
@@ -62,6 +66,10 @@ pub(crate) struct DriverActor {
     jobs: HashMap<JobId, JobEntry>,
     running: HashMap<AttemptKey, Location>,
     waiting: VecDeque<(JobId, RegionId, Vec<TaskAttempt>)>,
+    /// Waiting regions that need more slots than the live workers have, since when.
+    short_of_capacity: HashMap<(JobId, RegionId), Instant>,
+    /// Of the running attempts, the acceptance number their worker answered to `RunTask`.
+    accepted: HashMap<AttemptKey, u64>,
     history: JobHistory,
     events: mpsc::UnboundedSender<DriverEvent>,
     rpcs: JoinSet<()>,
@@ -89,6 +97,8 @@ impl DriverActor {
             jobs: HashMap::new(),
             running: HashMap::new(),
             waiting: VecDeque::new(),
+            short_of_capacity: HashMap::new(),
+            accepted: HashMap::new(),
             history: JobHistory::default(),
             events,
             rpcs: JoinSet::new(),
@@ -129,7 +139,11 @@ impl DriverActor {
                 let _ = reply.send(id);
                 self.place_waiting();
             }
-            DriverEvent::Heartbeat { worker, reply } => {
+            DriverEvent::Heartbeat {
+                worker,
+                beat,
+                reply,
+            } => {
                 let known = match self.workers.get_mut(&worker) {
                     Some(entry) => {
                         entry.last_heartbeat = Instant::now();
@@ -140,9 +154,21 @@ impl DriverActor {
                 if let Some(reply) = reply {
                     let _ = reply.send(known);
                 }
+                if known && let Some(beat) = beat {
+                    self.reconcile(worker, &beat);
+                }
             }
-            DriverEvent::Deregister(worker) => self.worker_lost(worker, "it drained and left"),
-            DriverEvent::Gone { worker, why } => self.worker_lost(worker, &why),
+            DriverEvent::TaskAccepted { key, accepted } => {
+                if self.running.contains_key(&key) {
+                    self.accepted.insert(key, accepted);
+                }
+            }
+            DriverEvent::Deregister(worker) => {
+                self.worker_lost(worker, "it drained and left", WorkerLoss::CutOff)
+            }
+            DriverEvent::Gone { worker, why } => {
+                self.worker_lost(worker, &why, WorkerLoss::ProcessExited)
+            }
             DriverEvent::Drain(worker) => {
                 if let Some(entry) = self.workers.get_mut(&worker) {
                     entry.draining = true;
@@ -349,16 +375,6 @@ impl DriverActor {
             output,
             reply,
         } = submission;
-        let needs_workers = graph
-            .stages()
-            .iter()
-            .any(|s| s.placement == TaskPlacement::Worker);
-        if needs_workers && self.workers.is_empty() {
-            let _ = reply.send(Err(crate::error::transport_error(
-                "the cluster has no workers",
-            )));
-            return;
-        }
         let plans = match ship_stages(&graph, &context) {
             Ok(plans) => plans,
             Err(e) => {
@@ -424,7 +440,7 @@ impl DriverActor {
                     report.attempt,
                     error.message.replace('\n', " ")
                 );
-                self.worker_lost(worker, &why);
+                self.worker_lost(worker, &why, WorkerLoss::CutOff);
             }
         }
         let key = report.attempt;
@@ -562,7 +578,7 @@ impl DriverActor {
                 && self.workers.contains_key(&worker)
             {
                 let why = format!("RunTask got no answer ({})", error.error.message);
-                self.worker_lost(worker, &why);
+                self.worker_lost(worker, &why, WorkerLoss::CutOff);
                 self.place_waiting();
                 return;
             }
@@ -591,12 +607,21 @@ impl DriverActor {
             })
             .collect();
         for (worker, silence) in silent {
-            self.worker_lost(worker, &format!("no heartbeat for {silence:.1} s"));
+            self.worker_lost(
+                worker,
+                &format!("no heartbeat for {silence:.1} s"),
+                WorkerLoss::CutOff,
+            );
+        }
+        // A region short of capacity fails once its wait is over, joins or not.
+        if !self.short_of_capacity.is_empty() {
+            self.place_waiting();
         }
     }
 
-    /// `worker` is gone: its slots leave the pool and its running attempts fail.
-    fn worker_lost(&mut self, worker: WorkerId, why: &str) {
+    /// `worker` is gone: its slots leave the pool and its running attempts fail (charged to their
+    /// regions when its process died, see [`WorkerLoss`]).
+    fn worker_lost(&mut self, worker: WorkerId, why: &str, loss: WorkerLoss) {
         let Some(entry) = self.workers.remove(&worker) else {
             return;
         };
@@ -654,6 +679,7 @@ impl DriverActor {
         }
         for key in lost {
             self.running.remove(&key);
+            self.accepted.remove(&key);
             let error = RemoteError::new(
                 ErrorKind::Transport,
                 format!("{worker} ({address}) was lost: {why}"),
@@ -666,13 +692,58 @@ impl DriverActor {
                     Some(error.message.clone()),
                 );
             }
-            let actions = self.scheduler.task_lost(key.job, key.task_attempt(), error);
+            let actions = self
+                .scheduler
+                .task_lost(key.job, key.task_attempt(), error, loss);
+            self.perform(actions);
+        }
+        self.place_waiting();
+    }
+
+    /// Applies what `worker`'s heartbeat says of its attempts (see `reconcile`): attempts it
+    /// does not know fail, charged to their regions; attempts it runs that ended here are stopped.
+    fn reconcile(&mut self, worker: WorkerId, beat: &WorkerBeat) {
+        let here = Location::Worker(worker);
+        let running = self
+            .running
+            .iter()
+            .filter(|(_, location)| **location == here)
+            .map(|(key, _)| (*key, self.accepted.get(key).copied()));
+        let Reconciled { forgotten, orphans } = reconcile(running, beat);
+        for key in orphans {
+            self.stop_at(here, key);
+        }
+        if forgotten.is_empty() {
+            return;
+        }
+        let address = self.addresses.get(&worker).cloned().unwrap_or_default();
+        for key in forgotten {
+            self.free_slot(key);
+            let error = RemoteError::new(
+                ErrorKind::Transport,
+                format!(
+                    "{worker} ({address}) does not know {key}: it never ran it, or its final \
+                     report was lost"
+                ),
+            );
+            if let Some(entry) = self.jobs.get_mut(&key.job) {
+                entry.attempts.ended(
+                    key.task_attempt(),
+                    TaskRecordState::Lost,
+                    None,
+                    Some(error.message.clone()),
+                );
+            }
+            let actions =
+                self.scheduler
+                    .task_lost(key.job, key.task_attempt(), error, WorkerLoss::Forgotten);
             self.perform(actions);
         }
         self.place_waiting();
     }
 
     fn free_slot(&mut self, key: AttemptKey) {
+        self.accepted.remove(&key);
         if let Some(Location::Worker(w)) = self.running.remove(&key)
             && let Some(worker) = self.workers.get_mut(&w)
         {
@@ -825,6 +896,9 @@ impl DriverActor {
         } else if failure.error.kind.is_retryable() && self.scheduler.max_attempts() == 1 {
             what.push_str(" (retries are off)");
         }
+        if failure.history.len() > 1 {
+            what.push_str(&format!(" ({})", failure.history.join("; ")));
+        }
         error.context(what)
     }
 
@@ -927,17 +1001,37 @@ impl DriverActor {
                 None => continue,
             };
             match placement {
-                Placement::Placed(locations) => self.launch(job, &tasks, &locations),
+                Placement::Placed(locations) => {
+                    self.short_of_capacity.remove(&(job, region));
+                    self.launch(job, &tasks, &locations);
+                }
                 Placement::Wait => {
                     let index = index.min(self.waiting.len());
                     self.waiting.insert(index, (job, region, tasks));
                     return;
                 }
-                Placement::Impossible(message) => {
+                Placement::Short(shortfall) => {
+                    // Workers may still join (or be replaced): wait up to the capacity wait.
+                    let since = *self
+                        .short_of_capacity
+                        .entry((job, region))
+                        .or_insert_with(Instant::now);
+                    let waited = since.elapsed();
+                    if waited < self.options.capacity_wait {
+                        let index = index.min(self.waiting.len());
+                        self.waiting.insert(index, (job, region, tasks));
+                        return;
+                    }
+                    self.short_of_capacity.remove(&(job, region));
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         let error = crate::error::sluice_error(
                             ErrorKind::ResourcesExhausted,
-                            format!("job {job}: {message}"),
+                            format!(
+                                "job {job}: {shortfall} after waiting {:.1} s for workers to \
+                                 join (capacity_wait); add workers or task slots, or lower \
+                                 datafusion.execution.target_partitions",
+                                waited.as_secs_f64()
+                            ),
                         );
                         entry.record.end(JobState::Failed, Some(error.to_string()));
                         let _ = entry.output.send(OutputCommand::Finish(Err(error)));
@@ -1010,9 +1104,14 @@ impl DriverActor {
             }
         };
         let run = client.run_task(definition);
+        let accepted_events = self.events.clone();
+        let key = attempt.of_job(job);
         self.rpcs.spawn(async move {
-            if let Err(error) = run.await {
-                failed(error);
+            match run.await {
+                Ok(accepted) => {
+                    let _ = accepted_events.send(DriverEvent::TaskAccepted { key, accepted });
+                }
+                Err(error) => failed(error),
             }
         });
     }
@@ -1047,6 +1146,7 @@ impl DriverActor {
 
     /// Removes the job's streams everywhere and forgets it.
     fn clean_up(&mut self, job: JobId) {
+        self.short_of_capacity.retain(|(j, _), _| *j != job);
         if let Some(mut entry) = self.jobs.remove(&job) {
             entry.attempts.cancel_running();
             entry

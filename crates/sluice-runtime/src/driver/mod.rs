@@ -29,6 +29,7 @@ mod label;
 mod output;
 mod placement;
 mod progress;
+mod reconcile;
 mod resume;
 mod shipping;
 mod spans;
@@ -44,7 +45,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use sluice_planner::{JobGraph, JobId, TaskAttempt, WorkerId};
+use sluice_planner::{AttemptKey, JobGraph, JobId, TaskAttempt, WorkerId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::definition::TaskStatusReport;
@@ -55,6 +56,7 @@ pub use attempts::{StageSummary, TaskRecord, TaskRecordState, stage_summaries};
 pub use history::{HISTORY_LIMIT, JobRecord, JobState};
 pub use label::JobLabel;
 pub use progress::{JobProgress, StageProgress, progress_line};
+pub use reconcile::WorkerBeat;
 
 use output::OutputCommand;
 use placement::Location;
@@ -68,13 +70,20 @@ pub struct DriverOptions {
     /// A worker that sends no heartbeat for this long is lost: its tasks fail and are retried
     /// elsewhere, its slots leave the pool.
     pub heartbeat_timeout: Duration,
+    /// How long a task region that needs more slots than the live workers have waits for workers
+    /// to join (or be replaced) before its job fails saying how many it needed and had.
+    pub capacity_wait: Duration,
 }
+
+/// The default [`DriverOptions::capacity_wait`].
+pub const DEFAULT_CAPACITY_WAIT: Duration = Duration::from_secs(60);
 
 impl Default for DriverOptions {
     fn default() -> Self {
         Self {
             max_attempts: 4,
             heartbeat_timeout: Duration::from_secs(3),
+            capacity_wait: DEFAULT_CAPACITY_WAIT,
         }
     }
 }
@@ -185,8 +194,15 @@ pub(crate) enum DriverEvent {
     },
     Heartbeat {
         worker: WorkerId,
+        /// What the worker says of its attempts, when its heartbeats carry that.
+        beat: Option<WorkerBeat>,
         /// Answered with whether the driver still counts the worker.
         reply: Option<oneshot::Sender<bool>>,
+    },
+    /// A worker accepted an attempt's `RunTask`, as its `accepted`-th.
+    TaskAccepted {
+        key: AttemptKey,
+        accepted: u64,
     },
     Deregister(WorkerId),
     /// Evidence from outside the driver that a worker is gone (its process ended).
@@ -244,6 +260,8 @@ pub struct Driver {
 #[derive(Clone)]
 pub struct DriverHandle {
     events: mpsc::UnboundedSender<DriverEvent>,
+    /// This driver instance (see [`DriverHandle::epoch`]).
+    epoch: u64,
 }
 
 impl std::fmt::Debug for DriverHandle {
@@ -263,10 +281,17 @@ impl DriverHandle {
         answer.await.map_err(|_| driver_gone())
     }
 
+    /// This driver instance: a number drawn when it started. Workers registered with it carry it
+    /// in their heartbeats and reports; a transport refuses those of another instance.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Records a heartbeat of `worker`.
     pub fn heartbeat(&self, worker: WorkerId) -> Result<()> {
         self.send(DriverEvent::Heartbeat {
             worker,
+            beat: None,
             reply: None,
         })
     }
@@ -274,9 +299,21 @@ impl DriverHandle {
     /// Records a heartbeat of `worker`; `false` when the driver no longer counts it (it was declared
     /// lost, or never registered): the worker should stop.
     pub async fn heartbeat_checked(&self, worker: WorkerId) -> Result<bool> {
+        self.heartbeat_reporting(worker, None).await
+    }
+
+    /// Records a heartbeat of `worker` that lists its attempts (`beat`): the driver fails the
+    /// attempts it runs there that the worker does not know, and stops those the worker runs that
+    /// it ended (see `reconcile`). `false` when the driver no longer counts the worker.
+    pub async fn heartbeat_reporting(
+        &self,
+        worker: WorkerId,
+        beat: Option<WorkerBeat>,
+    ) -> Result<bool> {
         let (reply, answer) = oneshot::channel();
         self.send(DriverEvent::Heartbeat {
             worker,
+            beat,
             reply: Some(reply),
         })?;
         answer.await.map_err(|_| driver_gone())
@@ -376,7 +413,10 @@ impl Driver {
         let actor = actor::DriverActor::new(options, executor, events.clone());
         let actor = SpawnedTask::spawn(actor.run(inbox));
         Self {
-            handle: DriverHandle { events },
+            handle: DriverHandle {
+                events,
+                epoch: new_epoch(),
+            },
             fetcher,
             _actor: actor,
         }
@@ -421,6 +461,22 @@ impl Driver {
     pub async fn take_notices(&self) -> Result<Vec<String>> {
         self.handle.take_notices().await
     }
+}
+
+/// A number that tells this driver instance from every other: the clock's nanoseconds, the
+/// process id and a per-process count, mixed.
+fn new_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    hasher.write_u128(nanos);
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    // 0 is what a worker that never registered sends.
+    hasher.finish().max(1)
 }
 
 pub(crate) fn driver_gone() -> DataFusionError {

@@ -4,7 +4,8 @@
 //! once); driver-placed stages run on the driver's executor and take no worker slot; a task that
 //! reads a `Forward` input goes to its producer's worker when that worker has a free slot; any other
 //! task goes to the worker with the most free slots. A region that needs more slots than the whole
-//! cluster has can never run: that is an error, not a wait.
+//! cluster has is [`Placement::Short`] of capacity: the driver waits for workers to join (up to
+//! its capacity wait), then fails the job.
 //!
 //! Between jobs ([`next_region`]): the waiting region placed next is the one whose job holds the
 //! fewest worker slots, the earliest queued among equals, so a job running wide does not keep jobs
@@ -42,8 +43,30 @@ pub(crate) enum Placement {
     Placed(Vec<Location>),
     /// Not enough free slots now; try again when tasks finish.
     Wait,
-    /// The region can never fit; the message says why.
-    Impossible(String),
+    /// The region needs more slots than the live workers have in all: it can only run once
+    /// workers join.
+    Short(CapacityShortfall),
+}
+
+/// How far a region is from fitting the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CapacityShortfall {
+    /// Worker slots the region needs at once.
+    pub needed: usize,
+    /// Worker slots of every live worker taking tasks.
+    pub capacity: usize,
+    /// Those workers.
+    pub workers: usize,
+}
+
+impl std::fmt::Display for CapacityShortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a task region needs {} task slots at once but the cluster has {} ({} workers)",
+            self.needed, self.capacity, self.workers
+        )
+    }
 }
 
 /// What placement needs to know about a region's tasks.
@@ -61,11 +84,11 @@ pub(crate) fn place(tasks: &[TaskId], view: &dyn PlacementView, slots: &[Slots])
     let needed = tasks.iter().filter(|t| !view.on_driver(**t)).count();
     let capacity: usize = slots.iter().map(|s| s.total).sum();
     if needed > capacity {
-        return Placement::Impossible(format!(
-            "a task region needs {needed} task slots at once but the cluster has {capacity} \
-             ({} workers); add workers or task slots, or lower datafusion.execution.target_partitions",
-            slots.len()
-        ));
+        return Placement::Short(CapacityShortfall {
+            needed,
+            capacity,
+            workers: slots.len(),
+        });
     }
     if needed > slots.iter().map(|s| s.free).sum::<usize>() {
         return Placement::Wait;
@@ -209,19 +232,31 @@ mod tests {
     }
 
     #[test]
-    fn a_region_waits_or_is_impossible() {
+    fn a_region_waits_for_free_slots_or_is_short_of_capacity() {
         let tasks: Vec<_> = (0..3).map(|p| task(0, p)).collect();
         assert_eq!(
             place(&tasks, &empty(), &slots(&[1, 1], &[2, 2])),
             Placement::Wait
         );
+        let short = place(&tasks, &empty(), &slots(&[1, 1], &[1, 1]));
+        let expected = CapacityShortfall {
+            needed: 3,
+            capacity: 2,
+            workers: 2,
+        };
+        assert_eq!(short, Placement::Short(expected));
         assert_eq!(
-            place(&tasks, &empty(), &slots(&[1, 1], &[1, 1])),
-            Placement::Impossible(
-                "a task region needs 3 task slots at once but the cluster has 2 (2 workers); add \
-                 workers or task slots, or lower datafusion.execution.target_partitions"
-                    .to_string()
-            )
+            expected.to_string(),
+            "a task region needs 3 task slots at once but the cluster has 2 (2 workers)"
+        );
+        // No worker at all: short by the whole region.
+        assert_eq!(
+            place(&tasks, &empty(), &[]),
+            Placement::Short(CapacityShortfall {
+                needed: 3,
+                capacity: 0,
+                workers: 0
+            })
         );
     }
 

@@ -94,9 +94,14 @@ impl FakeWorker {
 }
 
 impl WorkerClient for FakeWorker {
-    fn run_task(&self, definition: TaskDefinition) -> BoxFuture<'static, Result<(), RunTaskError>> {
+    fn run_task(
+        &self,
+        definition: TaskDefinition,
+    ) -> BoxFuture<'static, Result<u64, RunTaskError>> {
         let key = definition.attempt;
         self.log(Call::Run(key));
+        // Accepted in the order asked: the n-th RunTask is the n-th accepted.
+        let accepted = self.runs().len() as u64;
         let answer = self
             .0
             .lock()
@@ -107,7 +112,7 @@ impl WorkerClient for FakeWorker {
             .unwrap_or(Answer::Accept);
         async move {
             match answer {
-                Answer::Accept => Ok(()),
+                Answer::Accept => Ok(accepted),
                 Answer::Refuse => Err(RunTaskError {
                     refused: true,
                     error: RemoteError::new(ErrorKind::ResourcesExhausted, "no room"),
@@ -679,6 +684,7 @@ async fn cancelling_a_job_while_its_region_waits_for_slots_starts_nothing() {
 async fn a_worker_that_stops_sending_heartbeats_is_lost_and_its_region_runs_elsewhere() {
     let h = Harness::new(DriverOptions {
         heartbeat_timeout: Duration::from_secs(2),
+        capacity_wait: Duration::from_secs(1),
         ..DriverOptions::default()
     });
     let (w1, one) = h.worker(2, Liveness::Heartbeats).await;
@@ -697,14 +703,166 @@ async fn a_worker_that_stops_sending_heartbeats_is_lost_and_its_region_runs_else
         (1, 1),
         "{snapshot:?}"
     );
-    // The region runs again, on worker 1 only: 4 tasks wait for its 2 slots... and cannot fit.
+    // The region runs again, on worker 1 only: 4 tasks wait for its 2 slots... and no worker
+    // joins within the capacity wait.
     let error = output.await.unwrap().unwrap_err().to_string();
+    assert!(
+        error.starts_with(
+            "External error: job 1: a task region needs 4 task slots at once but the cluster \
+             has 2 (1 workers) after waiting 1."
+        ),
+        "{error}"
+    );
+    assert!(
+        error.ends_with(
+            " s for workers to join (capacity_wait); add workers or task slots, or lower \
+             datafusion.execution.target_partitions"
+        ),
+        "{error}"
+    );
+    let _ = (w2, h.executor.calls());
+}
+
+/// A heartbeat of `worker` listing `known` attempts, `accepted` RunTasks; whether it still counts.
+async fn beat(h: &Harness, worker: WorkerId, known: Vec<AttemptKey>, accepted: u64) -> bool {
+    let registered = h
+        .driver
+        .handle()
+        .heartbeat_reporting(worker, Some(WorkerBeat { known, accepted }))
+        .await
+        .unwrap();
+    settle().await;
+    registered
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_accepted_attempt_missing_from_a_heartbeat_fails_and_its_region_runs_again() {
+    let h = Harness::new(DriverOptions::default());
+    let (w, worker) = h.worker(8, Liveness::Heartbeats).await;
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let first = worker.runs();
+    assert_eq!(first, region(1, 0));
+    // The worker lists three of the four attempts it accepted: the fourth's final report was
+    // lost (or the attempt never ran there).
+    let missing = first[3];
+    assert!(beat(&h, w, first[..3].to_vec(), 4).await);
+    let calls = worker.calls();
+    for stopped in &first[..3] {
+        assert!(calls.contains(&Call::Stop(*stopped)), "{calls:?}");
+    }
+    assert!(!calls.contains(&Call::Stop(missing)), "{calls:?}");
+    assert_eq!(&worker.runs()[4..], region(1, 1).as_slice());
+    let jobs = h.driver.handle().jobs().await.unwrap();
+    let lost = jobs[0]
+        .attempts
+        .iter()
+        .find(|record| record.attempt == missing.task_attempt())
+        .unwrap();
+    assert_eq!(lost.state, TaskRecordState::Lost);
+    assert_eq!(
+        lost.error.as_deref(),
+        Some(
+            "worker 1 (fake:worker) does not know job 1 stage 1 partition 1 attempt 0: it never \
+             ran it, or its final report was lost"
+        )
+    );
+    for attempt in region(1, 1) {
+        h.succeed(w, attempt, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), Vec::<i64>::new());
+    assert_eq!(h.snapshot().await.counters.regions_retried, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_read_before_an_attempt_was_accepted_does_not_fail_it() {
+    let h = Harness::new(DriverOptions::default());
+    let (w, worker) = h.worker(8, Liveness::Heartbeats).await;
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let first = worker.runs();
+    // The heartbeat was read when only three RunTasks had arrived: the fourth is not judged.
+    assert!(beat(&h, w, first[..3].to_vec(), 3).await);
+    assert_eq!(worker.runs().len(), 4, "nothing retried");
+    assert!(!worker.calls().iter().any(|c| matches!(c, Call::Stop(_))));
+    for attempt in first {
+        h.succeed(w, attempt, 1);
+    }
+    // Once its final report arrived, an attempt the worker still lists (its report's
+    // acknowledgement is on its way back) is an orphan to stop, which changes nothing.
+    assert!(beat(&h, w, vec![region(1, 0)[0]], 4).await);
+    assert!(worker.calls().contains(&Call::Stop(region(1, 0)[0])));
+    assert_eq!(output.await.unwrap().unwrap(), Vec::<i64>::new());
+    assert_eq!(h.snapshot().await.counters.regions_retried, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_a_worker_runs_that_the_driver_ended_is_stopped_there() {
+    let h = Harness::new(DriverOptions::default());
+    let (w, worker) = h.worker(8, Liveness::Heartbeats).await;
+    // A job the driver never gave this worker (or one it ended long ago).
+    let stray = key(7, 0, 0, 2);
+    assert!(beat(&h, w, vec![stray], 0).await);
+    assert_eq!(worker.calls(), vec![Call::Stop(stray)]);
+    // An unknown worker is told it is not registered, and nothing is asked of anyone.
+    assert!(!beat(&h, WorkerId(99), vec![stray], 0).await);
+    assert_eq!(worker.calls(), vec![Call::Stop(stray)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_region_short_of_slots_waits_for_a_worker_to_join_then_runs() {
+    let h = Harness::new(DriverOptions {
+        capacity_wait: Duration::from_secs(30),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker(2, Liveness::InProcess).await;
+    h.fetcher.script(0, 0, vec![Item::Rows(vec![7])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    // 4 tasks, 2 slots in the whole cluster: the region waits instead of failing.
+    assert!(one.runs().is_empty(), "{:?}", one.runs());
+    assert_eq!(h.snapshot().await.waiting_regions, 1);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!output.is_finished());
+    let (w2, two) = h.worker(2, Liveness::InProcess).await;
+    settle().await;
+    assert_eq!(one.runs().len(), 2, "{:?}", one.runs());
+    assert_eq!(two.runs().len(), 2, "{:?}", two.runs());
+    for attempt in one.runs() {
+        h.succeed(w1, attempt, 1);
+    }
+    for attempt in two.runs() {
+        h.succeed(w2, attempt, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), vec![7]);
+    assert_eq!(h.snapshot().await.waiting_regions, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_region_short_of_slots_fails_after_the_capacity_wait_saying_what_it_needed() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        capacity_wait: Duration::from_secs(5),
+        ..DriverOptions::default()
+    });
+    let (_w1, one) = h.worker(2, Liveness::InProcess).await;
+    let started = tokio::time::Instant::now();
+    let error = h
+        .run(graph(OutputMode::Pipelined))
+        .await
+        .unwrap()
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         error,
         "External error: job 1: a task region needs 4 task slots at once but the cluster has 2 \
-         (1 workers); add workers or task slots, or lower datafusion.execution.target_partitions"
+         (1 workers) after waiting 5.0 s for workers to join (capacity_wait); add workers or task \
+         slots, or lower datafusion.execution.target_partitions"
     );
-    let _ = (w2, h.executor.calls());
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+    assert!(one.runs().is_empty());
+    let snapshot = h.snapshot().await;
+    assert_eq!((snapshot.jobs, snapshot.waiting_regions), (0, 0));
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,9 @@
 //! Executing it returns a stream that yields no batches: polling it does the work, errors arrive in
 //! it, and dropping it stops the work (nothing is spawned). It spends tokio's cooperative budget per
 //! input batch, so a task whose input is always ready still yields its thread regularly. It stops early, successfully, when every
-//! reader of the output is gone.
+//! reader of the output is gone. It ends its output explicitly: finished after the last batch,
+//! failed with the error that stopped it; if its stream is dropped first (a stopped or panicked
+//! attempt) the output is abandoned, so no reader ever takes a partial output for a whole one.
 
 use std::fmt;
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use sluice_planner::plan::{RECOMPUTE, only_child};
 use sluice_planner::{OutputDistribution, StageId};
 use sluice_shuffle::{KernelOptions, RoutingScheme, ShuffleKernel, ShuffleMetrics};
 
+use crate::faults::{FaultPoint, FaultPoints};
 use crate::stream_store::{TaskSender, TaskStreams};
 
 /// Writes its input's partitions into the stream store's channels of `stage`.
@@ -73,21 +76,50 @@ impl DisplayAs for ShuffleWriterExec {
     }
 }
 
+/// Writes every batch of `input` and then ends the output: finished, or failed with the error.
 async fn write_all(
+    input: SendableRecordBatchStream,
+    kernel: ShuffleKernel,
+    sender: TaskSender,
+    mut faults: Option<WriterFaults>,
+) -> Result<()> {
+    match route_all(input, kernel, &sender, faults.as_mut()).await {
+        Ok(()) => {
+            sender.finish();
+            Ok(())
+        }
+        Err(error) => {
+            sender.fail(&error);
+            Err(error)
+        }
+    }
+}
+
+async fn route_all(
     mut input: SendableRecordBatchStream,
     mut kernel: ShuffleKernel,
-    sender: TaskSender,
+    sender: &TaskSender,
+    mut faults: Option<&mut WriterFaults>,
 ) -> Result<()> {
     while let Some(batch) = input.next().await {
         // Input that is always ready (in-memory joins, local reads) must not hold the thread: the
         // runtime also serves the worker's control and data endpoints.
         tokio::task::consume_budget().await;
+        if let Some(faults) = faults.as_deref_mut() {
+            faults.after_input_batch().await?;
+        }
         kernel.push(&batch?)?;
         while let Some((channel, batch)) = kernel.next_completed() {
             if !sender.send(channel, batch).await? {
                 return Ok(());
             }
+            if let Some(faults) = faults.as_deref_mut() {
+                faults.after_output_batch().await?;
+            }
         }
+    }
+    if let Some(faults) = faults {
+        faults.after_output_batch().await?;
     }
     kernel.finish()?;
     while let Some((channel, batch)) = kernel.next_completed() {
@@ -96,6 +128,60 @@ async fn write_all(
         }
     }
     Ok(())
+}
+
+/// The fault points a writer fires (`crate::faults`): `producer_mid_stream` once its output has
+/// rows (or at the end of its input if it has none), and `spill_write` at the first input batch
+/// after its plan's operators spilled (the output's own spills fire it in the `TaskSender`).
+struct WriterFaults {
+    faults: Arc<FaultPoints>,
+    /// The writer's input plan, whose operators' spill counts are watched.
+    plan: Arc<dyn ExecutionPlan>,
+    mid_stream_due: bool,
+    spills_seen: usize,
+}
+
+impl WriterFaults {
+    fn new(faults: Arc<FaultPoints>, plan: Arc<dyn ExecutionPlan>) -> Self {
+        Self {
+            faults,
+            plan,
+            mid_stream_due: true,
+            spills_seen: 0,
+        }
+    }
+
+    async fn after_output_batch(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.mid_stream_due) {
+            self.faults.fire(FaultPoint::ProducerMidStream).await?;
+        }
+        Ok(())
+    }
+
+    async fn after_input_batch(&mut self) -> Result<()> {
+        if !self.faults.is_armed(FaultPoint::SpillWrite) {
+            return Ok(());
+        }
+        let spills = operator_spills(&self.plan);
+        if spills > self.spills_seen {
+            self.spills_seen = spills;
+            self.faults.fire(FaultPoint::SpillWrite).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Spill files the operators of `plan` wrote so far.
+fn operator_spills(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let own = plan
+        .metrics()
+        .and_then(|metrics| metrics.spill_count())
+        .unwrap_or(0);
+    own + plan
+        .children()
+        .into_iter()
+        .map(operator_spills)
+        .sum::<usize>()
 }
 
 impl ExecutionPlan for ShuffleWriterExec {
@@ -170,7 +256,11 @@ impl ExecutionPlan for ShuffleWriterExec {
         };
         let metrics = ShuffleMetrics::new(&self.metrics, partition, sender.channels());
         let kernel = ShuffleKernel::try_new(scheme, schema.clone(), &options, metrics)?;
-        let work = stream::once(write_all(input, kernel, sender))
+        let faults = context
+            .session_config()
+            .get_extension::<FaultPoints>()
+            .map(|faults| WriterFaults::new(faults, Arc::clone(&self.input)));
+        let work = stream::once(write_all(input, kernel, sender, faults))
             .map_ok(|()| stream::empty())
             .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, work)))

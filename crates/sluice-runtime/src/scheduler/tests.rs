@@ -163,6 +163,11 @@ fn output_is_approved_only_for_the_current_attempt_and_a_delivering_region_is_st
             task: attempt(1, 1, 2),
             error: RemoteError::new(ErrorKind::Transport, "disk full"),
             attempts: 3,
+            history: vec![
+                "attempt 0: stage 0 partition 0: x".to_string(),
+                "attempt 1: stage 0 partition 1: disk full".to_string(),
+                "attempt 2: stage 1 partition 1: disk full".to_string(),
+            ],
         })
     );
 }
@@ -336,15 +341,18 @@ fn a_lost_task_fails_its_region_even_after_reporting() {
         job,
         attempt(1, 0, 0),
         RemoteError::new(ErrorKind::Transport, "worker 1 lost"),
+        WorkerLoss::CutOff,
     );
     assert_eq!(started(&actions).len(), 1);
-    // Losses are not charged: a region may lose more attempts than `max_attempts` and still run.
+    // Losses to a cut-off worker are not charged: a region may lose more attempts than
+    // `max_attempts` and still run.
     let mut attempt_no = 1;
     for _ in 0..5 {
         let actions = scheduler.task_lost(
             job,
             attempt(1, 0, attempt_no),
             RemoteError::new(ErrorKind::Transport, "another worker lost"),
+            WorkerLoss::CutOff,
         );
         attempt_no += 1;
         assert_eq!(started(&actions)[0][0].attempt, attempt_no, "{actions:?}");
@@ -355,10 +363,59 @@ fn a_lost_task_fails_its_region_even_after_reporting() {
             .task_lost(
                 job,
                 attempt(1, 0, 0),
-                RemoteError::new(ErrorKind::Transport, "again")
+                RemoteError::new(ErrorKind::Transport, "again"),
+                WorkerLoss::CutOff,
             )
             .is_empty()
     );
+}
+
+#[test]
+fn attempts_lost_with_a_dead_worker_process_are_charged_until_the_job_fails() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    for attempt_no in 0..2 {
+        let actions = scheduler.task_lost(
+            job,
+            attempt(1, 0, attempt_no),
+            RemoteError::new(
+                ErrorKind::Transport,
+                format!("worker {} was lost: its process ended", attempt_no + 1),
+            ),
+            WorkerLoss::ProcessExited,
+        );
+        assert_eq!(failure(&actions), None);
+        assert_eq!(started(&actions)[0][0].attempt, attempt_no + 1);
+    }
+    // A loss to a cut-off worker in between is not charged.
+    let actions = scheduler.task_lost(
+        job,
+        attempt(1, 0, 2),
+        RemoteError::new(ErrorKind::Transport, "worker 3 was lost: no heartbeat"),
+        WorkerLoss::CutOff,
+    );
+    assert_eq!(failure(&actions), None);
+    let actions = scheduler.task_lost(
+        job,
+        attempt(1, 0, 3),
+        RemoteError::new(ErrorKind::Transport, "worker 4 was lost: its process ended"),
+        WorkerLoss::ProcessExited,
+    );
+    assert_eq!(
+        failure(&actions),
+        Some(JobFailure {
+            task: attempt(1, 0, 3),
+            error: RemoteError::new(ErrorKind::Transport, "worker 4 was lost: its process ended"),
+            attempts: 4,
+            history: vec![
+                "attempt 0: stage 1 partition 0: worker 1 was lost: its process ended".to_string(),
+                "attempt 1: stage 1 partition 0: worker 2 was lost: its process ended".to_string(),
+                "attempt 2: stage 1 partition 0: worker 3 was lost: no heartbeat".to_string(),
+                "attempt 3: stage 1 partition 0: worker 4 was lost: its process ended".to_string(),
+            ],
+        })
+    );
+    assert_eq!(scheduler.active_jobs(), 0);
 }
 
 #[test]

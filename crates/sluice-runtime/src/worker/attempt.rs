@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Invariants: the attempt reports `Running` (sequence 1) before it reads or writes anything, and
-//! `Succeeded` or `Failed` (sequence 2) last unless a stop claimed the final report first (the
+//! `Succeeded` or `Failed` (sequence 2) last unless a stop claimed the final report first (a panic
+//! inside the attempt is caught and reported `Failed`, an internal, retryable error keeping the
+//! panic's message, so its slot and region never wait for a report that cannot come; the
 //! worker then reports `Canceled` and aborts this future, which drops the task's stream and with it
 //! its readers and writer); the plan is executed inside the attempt's future, so operators that
 //! spawn do so on the task runtime. A succeeded attempt's report carries the rows it wrote, its wall
@@ -16,16 +18,17 @@
 //! memory (its operators' reservations, measured by its view of the worker's pool) and (for
 //! `EXPLAIN ANALYZE`) its plan with metrics.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use datafusion::common::Result;
+use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use sluice_planner::AttemptKey;
 
 use super::WorkerShared;
@@ -33,23 +36,43 @@ use super::streams::AttemptStreams;
 use crate::analyze::{TaskMetrics, executed_task};
 use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
-use crate::error::RemoteError;
+use crate::error::{ErrorKind, RemoteError, sluice_error};
 use crate::memory::task_pool;
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
-/// Runs one attempt and reports its status; see the module docs.
+/// Runs one attempt and reports its status; see the module docs. A panic outside its execution
+/// (in delivering a report) leaves the attempt unknown to the worker, so the driver, whose
+/// heartbeats show it missing, fails it and runs its region again.
 pub(super) async fn run_attempt(
     shared: Arc<WorkerShared>,
     definition: TaskDefinition,
     finished: Arc<AtomicBool>,
 ) {
     let key = definition.attempt;
+    let run = AssertUnwindSafe(run_and_report(&shared, definition, &finished));
+    if let Err(panic) = run.catch_unwind().await {
+        let error = panicked(key, panic.as_ref());
+        tracing::warn!(target: "sluice::worker", %error, "a status report of the attempt panicked");
+        shared.finish(key, &finished);
+    }
+}
+
+async fn run_and_report(
+    shared: &Arc<WorkerShared>,
+    definition: TaskDefinition,
+    finished: &AtomicBool,
+) {
+    let key = definition.attempt;
     shared
-        .report(report(&shared, key, 1, TaskState::Running))
+        .report(report(shared, key, 1, TaskState::Running))
         .await;
     let started = Instant::now();
-    let state = match execute(&shared, definition).await {
+    let executed = AssertUnwindSafe(execute(shared, definition))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(panicked(key, panic.as_ref())));
+    let state = match executed {
         Ok(mut metrics) => {
             metrics.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::debug!(
@@ -66,9 +89,19 @@ pub(super) async fn run_attempt(
             TaskState::Failed(RemoteError::of(&error))
         }
     };
-    if shared.finish(key, &finished) {
-        shared.report(report(&shared, key, 2, state)).await;
+    if shared.finish(key, finished) {
+        shared.report(report(shared, key, 2, state)).await;
     }
+}
+
+/// The error of attempt `key` whose execution panicked with `payload`.
+fn panicked(key: AttemptKey, payload: &(dyn std::any::Any + Send)) -> DataFusionError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    sluice_error(ErrorKind::Internal, format!("{key} panicked: {message}"))
 }
 
 fn report(
@@ -108,7 +141,7 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
             let context = TaskContext::new(
                 context.task_id(),
                 context.session_id(),
-                context.session_config().clone(),
+                with_faults(context.session_config().clone(), shared),
                 context.scalar_functions().clone(),
                 context.higher_order_functions().clone(),
                 context.aggregate_functions().clone(),
@@ -151,6 +184,14 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
     Ok(metrics)
 }
 
+/// `config` with the worker's fault points, where its writers and readers find them.
+fn with_faults(config: SessionConfig, shared: &WorkerShared) -> SessionConfig {
+    match &shared.options.faults {
+        Some(faults) => config.with_extension(Arc::clone(faults)),
+        None => config,
+    }
+}
+
 /// The task context of a decoded attempt: the session's settings with the distributed ones on top,
 /// the worker's function registry, and `runtime` (the worker's, through the task's memory view).
 fn task_context(
@@ -166,7 +207,7 @@ fn task_context(
     Ok(Arc::new(TaskContext::new(
         Some(definition.attempt.to_string()),
         format!("job-{}", definition.attempt.job),
-        config,
+        with_faults(config, shared),
         template.scalar_functions().clone(),
         template.higher_order_functions().clone(),
         template.aggregate_functions().clone(),

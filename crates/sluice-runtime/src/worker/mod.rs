@@ -15,6 +15,10 @@
 //! last handle of the worker aborts them all, and the control plane (another runtime) always
 //! answers; each attempt reports exactly one final status (sequence 2) after its `Running`
 //! (sequence 1): whoever finishes it first — the attempt itself, or a stop — claims the report.
+//! The worker knows ([`Worker::known_attempts`]) every attempt it runs and every attempt whose
+//! final report is still on its way, with the number of `RunTask`s it accepted so far: heartbeats
+//! carry both, so the driver can tell an attempt the worker never heard of (or forgot: a lost
+//! report) from one whose `RunTask` is still in flight.
 //!
 //! A stop takes effect at once: the attempt leaves the running set, its output is removed, its
 //! `Canceled` report goes out, and its future is aborted. An operator that computes for a long time
@@ -24,13 +28,14 @@
 mod attempt;
 mod streams;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::definition::{TaskDefinition, TaskState, TaskStatusReport};
+use crate::faults::FaultPoints;
 use crate::stream_store::{StoreCounts, StreamStore};
 use crate::task_runtime::task_runtime;
 use crate::transport::{StatusReporter, StreamFetcher};
@@ -66,6 +71,8 @@ pub struct WorkerOptions {
     /// Fails chosen attempts (tests only).
     #[cfg(feature = "testing")]
     pub fault: Option<FaultHook>,
+    /// Named fault points armed in this worker (`crate::faults`).
+    pub faults: Option<Arc<FaultPoints>>,
 }
 
 impl Default for WorkerOptions {
@@ -77,6 +84,7 @@ impl Default for WorkerOptions {
             work_dir: None,
             #[cfg(feature = "testing")]
             fault: None,
+            faults: None,
         }
     }
 }
@@ -88,6 +96,7 @@ impl fmt::Debug for WorkerOptions {
             .field("read_timeout", &self.read_timeout)
             .field("memory_limit", &self.memory_limit)
             .field("work_dir", &self.work_dir)
+            .field("faults", &self.faults)
             .finish()
     }
 }
@@ -102,6 +111,10 @@ pub(crate) struct WorkerShared {
     reporter: Mutex<Option<Arc<dyn StatusReporter>>>,
     /// The attempts running (neither finished nor stopped).
     tasks: Mutex<HashMap<AttemptKey, Running>>,
+    /// `RunTask`s accepted so far (changed under the `tasks` lock).
+    accepted: AtomicU64,
+    /// Attempts whose final report is being delivered.
+    reporting: Mutex<HashSet<AttemptKey>>,
     template: Arc<TaskContext>,
     options: WorkerOptions,
 }
@@ -155,6 +168,8 @@ impl Worker {
                 fetcher,
                 reporter: Mutex::new(None),
                 tasks: Mutex::new(HashMap::new()),
+                accepted: AtomicU64::new(0),
+                reporting: Mutex::new(HashSet::new()),
                 template,
                 options,
             }),
@@ -190,6 +205,9 @@ impl Worker {
     /// Sets where status reports go and this worker's id at the driver.
     pub fn set_reporter(&self, id: WorkerId, reporter: Arc<dyn StatusReporter>) -> Result<()> {
         self.shared.id.store(id.0, Ordering::Relaxed);
+        if let Some(faults) = &self.shared.options.faults {
+            faults.set_worker(id.0);
+        }
         *self.shared.reporter_lock()? = Some(reporter);
         Ok(())
     }
@@ -200,12 +218,13 @@ impl Worker {
         })
     }
 
-    /// Starts one task attempt on the task runtime.
-    pub fn run_task(&self, definition: TaskDefinition) -> Result<()> {
+    /// Starts one task attempt on the task runtime; returns how many `RunTask`s this worker has
+    /// accepted, this one included (see [`Self::known_attempts`]).
+    pub fn run_task(&self, definition: TaskDefinition) -> Result<u64> {
         let key = definition.attempt;
         let handle = task_runtime()?;
         let finished = Arc::new(AtomicBool::new(false));
-        {
+        let accepted = {
             let mut tasks = self.shared.tasks_lock()?;
             if tasks.contains_key(&key) {
                 return Err(DataFusionError::Internal(format!(
@@ -220,7 +239,8 @@ impl Worker {
                     finished: Arc::clone(&finished),
                 },
             );
-        }
+            self.shared.accepted.fetch_add(1, Ordering::SeqCst) + 1
+        };
         let span = tracing::info_span!(
             target: "sluice::worker",
             "task attempt",
@@ -240,10 +260,32 @@ impl Worker {
             while attempts.try_join_next().is_some() {}
             attempts.spawn_on(attempt, &handle)
         };
-        if let Some(running) = self.shared.tasks_lock()?.get_mut(&key) {
-            running.abort = Some(abort);
+        match self.shared.tasks_lock()?.get_mut(&key) {
+            Some(running) => running.abort = Some(abort),
+            // Stopped between its insert and its spawn: the stop could not abort it, so abort it
+            // here (it reported `Canceled` already), or it would run as a zombie.
+            None => abort.abort(),
         }
-        Ok(())
+        Ok(accepted)
+    }
+
+    /// The attempts this worker knows (running, or with a final report on its way) and the
+    /// `RunTask`s it accepted so far, read together: every attempt accepted by then is in the list
+    /// unless its final report was delivered.
+    pub fn known_attempts(&self) -> Result<(Vec<AttemptKey>, u64)> {
+        let tasks = self.shared.tasks_lock()?;
+        let accepted = self.shared.accepted.load(Ordering::SeqCst);
+        let mut known: Vec<AttemptKey> = tasks.keys().copied().collect();
+        drop(tasks);
+        known.extend(self.shared.reporting_lock()?.iter().copied());
+        known.sort();
+        known.dedup();
+        Ok((known, accepted))
+    }
+
+    /// The fault points armed in this worker.
+    pub fn faults(&self) -> Option<&Arc<FaultPoints>> {
+        self.shared.options.faults.as_ref()
     }
 
     /// Stops one attempt: it leaves the running set, its output is removed, its `Canceled` report
@@ -374,6 +416,12 @@ impl WorkerShared {
             .map_err(|_| DataFusionError::Internal(format!("{}: task table poisoned", self.name)))
     }
 
+    fn reporting_lock(&self) -> Result<MutexGuard<'_, HashSet<AttemptKey>>> {
+        self.reporting
+            .lock()
+            .map_err(|_| DataFusionError::Internal(format!("{}: report set poisoned", self.name)))
+    }
+
     fn reporter_lock(&self) -> Result<MutexGuard<'_, Option<Arc<dyn StatusReporter>>>> {
         self.reporter
             .lock()
@@ -396,10 +444,40 @@ impl WorkerShared {
         true
     }
 
+    /// Delivers `report` (a final one is known as being reported until its delivery ended,
+    /// however it ended: a delivery that panics forgets it too, so the driver learns the report
+    /// is lost).
     async fn report(&self, report: TaskStatusReport) {
+        let _reporting = report
+            .state
+            .is_final()
+            .then(|| Reporting::start(self, report.attempt));
         let reporter = self.reporter_lock().ok().and_then(|r| r.clone());
         if let Some(reporter) = reporter {
             reporter.report(report).await;
+        }
+    }
+}
+
+/// An attempt whose final report is being delivered, until dropped.
+struct Reporting<'a> {
+    shared: &'a WorkerShared,
+    key: AttemptKey,
+}
+
+impl<'a> Reporting<'a> {
+    fn start(shared: &'a WorkerShared, key: AttemptKey) -> Self {
+        if let Ok(mut reporting) = shared.reporting_lock() {
+            reporting.insert(key);
+        }
+        Self { shared, key }
+    }
+}
+
+impl Drop for Reporting<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut reporting) = self.shared.reporting_lock() {
+            reporting.remove(&self.key);
         }
     }
 }

@@ -21,6 +21,7 @@ use sluice_shuffle::batch_data_bytes;
 use super::WorkerShared;
 use crate::analyze::TaskMetrics;
 use crate::definition::{StreamLocator, TaskDefinition};
+use crate::faults::FaultPoints;
 use crate::stream_store::{StreamStore, TaskSender, TaskStreams};
 use crate::task::TaskInput;
 use crate::transport::StreamFetcher;
@@ -43,6 +44,8 @@ pub(super) struct AttemptStreams {
     output_spilled: std::sync::Mutex<Option<(Count, Count)>>,
     /// What its inputs delivered so far.
     read: Arc<ReadCounters>,
+    /// The worker's fault points.
+    faults: Option<Arc<FaultPoints>>,
 }
 
 /// What an attempt's input streams delivered.
@@ -170,6 +173,7 @@ impl AttemptStreams {
             fetcher: Arc::clone(&shared.fetcher),
             output_spilled: std::sync::Mutex::new(None),
             read: Arc::default(),
+            faults: shared.options.faults.clone(),
         })
     }
 
@@ -220,6 +224,6 @@ impl TaskStreams for AttemptStreams {
         if let Ok(mut spilled) = self.output_spilled.lock() {
             *spilled = Some((sender.spill_files(), sender.spilled_bytes()));
         }
-        Ok(sender)
+        Ok(sender.with_faults(self.faults.clone()))
     }
 }
