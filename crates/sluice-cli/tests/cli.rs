@@ -154,8 +154,9 @@ fn tpch_gen_then_run_at_sf_001() {
 #[test]
 fn q19_through_a_sort_merge_join_answers_as_local_mode_does() {
     let dir = tpch_dir();
+    let data = dir.to_str().unwrap();
     for mode in ["local", "local-graph"] {
-        let output = run(&[
+        let partitioned = [
             "--mode",
             mode,
             "--joins",
@@ -164,14 +165,9 @@ fn q19_through_a_sort_merge_join_answers_as_local_mode_does() {
             "datafusion.optimizer.hash_join_single_partition_threshold=0",
             "--set",
             "datafusion.optimizer.hash_join_single_partition_threshold_rows=0",
-            "tpch",
-            "run",
-            "--data",
-            dir.to_str().unwrap(),
-            "-q",
-            "19",
-            "--compare-local",
-        ]);
+        ];
+        let with = |rest: &[&str]| run(&[&partitioned[..], rest].concat());
+        let output = with(&["tpch", "run", "--data", data, "-q", "19", "--compare-local"]);
         let out = stdout(&output);
         assert!(
             output.status.success(),
@@ -183,18 +179,10 @@ fn q19_through_a_sort_merge_join_answers_as_local_mode_does() {
             .find(|line| line.starts_with("q19 "))
             .unwrap_or("");
         assert!(q19.contains("same as local"), "{mode}: {out}");
-        let explained = run(&[
-            "--mode",
-            mode,
-            "--joins",
-            "sort-merge",
-            "--set",
-            "datafusion.optimizer.hash_join_single_partition_threshold=0",
-            "--set",
-            "datafusion.optimizer.hash_join_single_partition_threshold_rows=0",
+        let explained = with(&[
             "sql",
             "--data",
-            dir.to_str().unwrap(),
+            data,
             "explain select sum(l_extendedprice) from lineitem, part where p_partkey = l_partkey \
              and (p_brand = 'Brand#12' and l_quantity >= 1 or p_size > 40)",
         ]);

@@ -7,23 +7,15 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{sluice, tls_files};
 
-/// TPC-H SF 0.1, generated once per test binary.
-fn sf01() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.1-cluster");
-        common::tpch_into("gen", "0.1", &dir);
-        dir
-    })
-}
+use common::sf01_dir as sf01;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -13,22 +13,12 @@
 mod common;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::sluice;
 
-/// TPC-H SF 0.1, generated once per test binary.
-fn sf01() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tpch-sf0.1-faults");
-        common::tpch_into("gen", "0.1", &dir);
-        dir
-    })
-}
+use common::sf01_dir as sf01;
 
 /// How long a cell may take before it counts as a hang.
 const CELL_LIMIT: Duration = Duration::from_secs(120);
@@ -157,10 +147,12 @@ cells! {
     heartbeat_exit_blocking: "heartbeat", "exit", "blocking";
 }
 
-/// A task that exits its worker on every attempt fails its job after the attempt limit, naming
-/// the task, while every dead worker process is replaced.
+/// A task that exits its worker on every attempt fails its job at the attempt limit, naming the
+/// task and what each attempt met, while every dead worker process is replaced. Each death seen
+/// as a process exit is charged; one a peer's failed read reports first counts as a cut-off
+/// worker, not charged, so the job ends after four or five attempts.
 #[test]
-fn a_task_that_kills_every_worker_it_lands_on_fails_after_four_attempts() {
+fn a_task_that_kills_every_worker_it_lands_on_fails_its_job_at_the_attempt_limit() {
     let data = sf01().to_str().unwrap();
     let output = sluice()
         .args([
@@ -181,9 +173,11 @@ fn a_task_that_kills_every_worker_it_lands_on_fails_after_four_attempts() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains(" after 4 attempts (attempt 0: stage "),
+        stderr.contains(" after 4 attempts (attempt 0: stage ")
+            || stderr.contains(" after 5 attempts (attempt 0: stage "),
         "the job names its task and each attempt: {stderr}"
     );
+    assert!(!stderr.contains(" after 6 attempts"), "{stderr}");
     for attempt in 0..4 {
         assert!(
             stderr.contains(&format!("attempt {attempt}: stage ")),

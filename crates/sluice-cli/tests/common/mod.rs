@@ -46,6 +46,17 @@ pub fn tpch_dir() -> &'static Path {
     })
 }
 
+/// TPC-H SF 0.1, generated once per test binary into Cargo's tmp dir.
+pub fn sf01_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("tpch-sf0.1-{}", env!("CARGO_CRATE_NAME")));
+        tpch_into("gen", "0.1", &dir);
+        dir
+    })
+}
+
 /// A running `sluice server`; dropping it sends SIGTERM and waits for it to stop.
 pub struct Server {
     child: Child,

@@ -684,20 +684,26 @@ impl DriverActor {
                 ErrorKind::Transport,
                 format!("{worker} ({address}) was lost: {why}"),
             );
-            if let Some(entry) = self.jobs.get_mut(&key.job) {
-                entry.attempts.ended(
-                    key.task_attempt(),
-                    TaskRecordState::Lost,
-                    None,
-                    Some(error.message.clone()),
-                );
-            }
-            let actions = self
-                .scheduler
-                .task_lost(key.job, key.task_attempt(), error, loss);
-            self.perform(actions);
+            self.attempt_lost(key, error, loss);
         }
         self.place_waiting();
+    }
+
+    /// Running attempt `key` (its slot already freed) was lost with its worker, or forgotten by
+    /// it: its record ends `lost` and the scheduler retries or fails its region.
+    fn attempt_lost(&mut self, key: AttemptKey, error: RemoteError, loss: WorkerLoss) {
+        if let Some(entry) = self.jobs.get_mut(&key.job) {
+            entry.attempts.ended(
+                key.task_attempt(),
+                TaskRecordState::Lost,
+                None,
+                Some(error.message.clone()),
+            );
+        }
+        let actions = self
+            .scheduler
+            .task_lost(key.job, key.task_attempt(), error, loss);
+        self.perform(actions);
     }
 
     /// Applies what `worker`'s heartbeat says of its attempts (see `reconcile`): attempts it
@@ -726,18 +732,7 @@ impl DriverActor {
                      report was lost"
                 ),
             );
-            if let Some(entry) = self.jobs.get_mut(&key.job) {
-                entry.attempts.ended(
-                    key.task_attempt(),
-                    TaskRecordState::Lost,
-                    None,
-                    Some(error.message.clone()),
-                );
-            }
-            let actions =
-                self.scheduler
-                    .task_lost(key.job, key.task_attempt(), error, WorkerLoss::Forgotten);
-            self.perform(actions);
+            self.attempt_lost(key, error, WorkerLoss::Forgotten);
         }
         self.place_waiting();
     }
