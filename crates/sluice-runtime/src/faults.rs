@@ -375,8 +375,10 @@ mod tests {
     #[tokio::test]
     async fn a_panic_action_panics_with_the_points_name() {
         let points: FaultPoints = "producer_mid_stream=1*panic".parse().unwrap();
-        let fired = tokio::spawn(async move { points.fire(FaultPoint::ProducerMidStream).await });
-        let panic = fired.await.unwrap_err().into_panic();
+        let fired = datafusion::common::runtime::SpawnedTask::spawn(async move {
+            points.fire(FaultPoint::ProducerMidStream).await
+        });
+        let panic = fired.join().await.unwrap_err().into_panic();
         assert_eq!(
             panic.downcast_ref::<String>().map(String::as_str),
             Some("fault point producer_mid_stream fired in worker 0: panic")

@@ -562,10 +562,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (sender, mut receivers) = set(1, 4, runtime(1 << 30, dir.path()));
         let mut receiver = receivers.remove(0);
-        let reading = tokio::spawn(async move { drain(&mut receiver).await });
-        tokio::task::yield_now().await;
-        sender.fail(DataFusionError::Execution("disk on fire".into()));
-        let (rows, error) = reading.await.unwrap();
+        // The receiver waits first (join! polls it first), then the sender fails.
+        let ((rows, error), ()) = tokio::join!(drain(&mut receiver), async {
+            tokio::task::yield_now().await;
+            sender.fail(DataFusionError::Execution("disk on fire".into()));
+        });
         assert_eq!(rows, Vec::<usize>::new());
         assert_eq!(error.as_deref(), Some("Execution error: disk on fire"));
     }

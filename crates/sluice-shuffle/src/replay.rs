@@ -402,25 +402,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = output(1 << 20, dir.path());
         out.append(0, batch(0, 3)).unwrap();
-        let waiting = tokio::spawn({
-            let reader = out.reader(1).unwrap();
-            async move {
-                let mut reader = reader;
-                let first = reader.recv().await.map(|r| r.map(|b| b.num_rows()));
+        let mut waiting_reader = out.reader(1).unwrap();
+        // The reader waits first (join! polls it first), then the writer goes away.
+        let (waited, ()) = tokio::join!(
+            async {
+                let first = waiting_reader.recv().await.map(|r| r.map(|b| b.num_rows()));
                 (
                     first.map(|r| r.map_err(|e| e.to_string())),
-                    reader.recv().await.is_none(),
+                    waiting_reader.recv().await.is_none(),
                 )
+            },
+            async {
+                tokio::task::yield_now().await;
+                out.abandon();
             }
-        });
-        tokio::task::yield_now().await;
-        out.abandon();
+        );
         let expected = "External error: test is incomplete: its writer went away before the end \
                         of its output (its task failed, was stopped or panicked)";
-        assert_eq!(
-            waiting.await.unwrap(),
-            (Some(Err(expected.to_string())), true)
-        );
+        assert_eq!(waited, (Some(Err(expected.to_string())), true));
         // A reader from the start gets the error before the batch already appended.
         let mut reader = out.reader(0).unwrap();
         assert_eq!(
