@@ -19,6 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::ipc::CompressionType;
@@ -101,6 +102,8 @@ struct Spawned {
     joined: Arc<std::sync::Mutex<Option<String>>>,
     /// Everything else it printed (for errors).
     output: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Set once its stderr reached its end: `joined` and `output` are final.
+    output_ended: Arc<AtomicBool>,
 }
 
 impl Drop for Spawned {
@@ -296,6 +299,11 @@ impl ProcessCluster {
             return Ok(true);
         }
         for spawned in children.spawned.iter_mut() {
+            // Only once its output ended: a worker that printed its join line and then exited
+            // is replaced by the supervisor, not an error of the start.
+            if !spawned.output_ended.load(Ordering::Acquire) {
+                continue;
+            }
             let never_joined = spawned.joined.lock().map(|j| j.is_none()).unwrap_or(true);
             if never_joined && let Ok(Some(status)) = spawned.child.try_wait() {
                 let output = spawned
@@ -404,11 +412,16 @@ async fn supervise(
             let Some(position) = children.spawned.iter().position(|s| s.index == index) else {
                 continue;
             };
-            let exited = children.spawned.remove(position);
-            let joined = exited.joined.lock().map(|j| j.is_some()).unwrap_or(false);
+            // One that never joined stays listed: the start reports it with what it printed.
+            let joined = children.spawned[position]
+                .joined
+                .lock()
+                .map(|j| j.is_some())
+                .unwrap_or(false);
             if !joined {
                 continue;
             }
+            let exited = children.spawned.remove(position);
             let next = children.next_index;
             children.next_index += 1;
             (exited, next)
@@ -499,8 +512,10 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
     }
     let joined = Arc::new(std::sync::Mutex::new(None));
     let output = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let output_ended = Arc::new(AtomicBool::new(false));
     if let Some(stderr) = child.stderr.take() {
         let (joined, output) = (joined.clone(), output.clone());
+        let output_ended = output_ended.clone();
         let (handle, pid, ended) = (handle.clone(), child.id(), ended.clone());
         std::thread::spawn(move || {
             let mut registered = None;
@@ -516,6 +531,7 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
                     lines.push(line);
                 }
             }
+            output_ended.store(true, Ordering::Release);
             // Its stderr closed: the process ended (killed, crashed, or it left). The driver hears
             // it now rather than after the heartbeat timeout; a driver already gone ignores it.
             if let Some(worker) = registered {
@@ -530,6 +546,7 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
         stdin,
         joined,
         output,
+        output_ended,
     })
 }
 
