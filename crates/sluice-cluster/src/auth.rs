@@ -229,8 +229,8 @@ impl ClusterLink {
             .identity(tls.identity.clone())
             .domain_name(host.trim_start_matches('[').trim_end_matches(']'));
         Endpoint::from_shared(format!("https://{address}"))
+            .map(crate::net::tuned)
             .map_err(|e| DataFusionError::Configuration(format!("bad address '{address}': {e}")))?
-            .tcp_nodelay(true)
             .tls_config(config)
             .map_err(|e| {
                 DataFusionError::Configuration(format!("TLS setup for {address} failed: {e}"))

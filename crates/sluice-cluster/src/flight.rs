@@ -19,6 +19,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
@@ -42,12 +43,12 @@ use prost::Message;
 use sluice_planner::StreamId;
 use sluice_runtime::StreamStore;
 use sluice_runtime::faults::{FaultPoint, FaultPoints};
-use sluice_runtime::transport::StreamFetcher;
+use sluice_runtime::transport::{FetchRetries, StreamFetcher};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{ClusterLink, connect_lazy};
 use crate::flight_ipc::encode_stream;
-use crate::wire::{from_status_at, stream_from_ticket, stream_to_proto, to_status};
+use crate::wire::{from_status_at, peer_answered, stream_from_ticket, stream_to_proto, to_status};
 
 /// The `app_metadata` of the message that ends every task stream (it carries no data).
 pub(crate) const STREAM_END: &[u8] = b"sluice:stream-end";
@@ -225,6 +226,16 @@ impl FlightFetcher {
 
 impl StreamFetcher for FlightFetcher {
     fn fetch(&self, address: &str, id: StreamId, schema: SchemaRef) -> SendableRecordBatchStream {
+        self.fetch_counted(address, id, schema, Arc::default())
+    }
+
+    fn fetch_counted(
+        &self,
+        address: &str,
+        id: StreamId,
+        schema: SchemaRef,
+        retries: Arc<FetchRetries>,
+    ) -> SendableRecordBatchStream {
         let address = address.to_string();
         let link = self.link.clone();
         let faults = self.faults.clone();
@@ -232,21 +243,9 @@ impl StreamFetcher for FlightFetcher {
             if let Some(faults) = faults {
                 faults.fire(FaultPoint::FlightFetch).await?;
             }
-            // One connection per stream: a stream its reader has not reached yet (a join's probe
-            // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
-            // streams the reader needs first.
-            let mut client = FlightServiceClient::new(connect_lazy(&address, &link)?)
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX);
-            let ticket = Ticket {
-                ticket: stream_to_proto(id)?.encode_to_vec().into(),
-            };
             let what = format!("reading {id} from {address}");
-            let response = client
-                .do_get(ticket)
-                .await
-                .map_err(|status| read_error(&status, &what, &address))?;
-            let data = until_end_marker(response.into_inner(), what.clone())
+            let response = do_get_patiently(&link, &address, id, &what, &retries).await?;
+            let data = until_end_marker(response, what.clone())
                 .map_err(|status| FlightError::Tonic(Box::new(status)));
             let batches =
                 FlightRecordBatchStream::new_from_flight_data(data).map_err(move |e| match e {
@@ -259,6 +258,68 @@ impl StreamFetcher for FlightFetcher {
             schema,
             stream::once(read).try_flatten(),
         ))
+    }
+}
+
+/// How long a read keeps trying to reach the worker holding its stream (a network partition
+/// between two workers that both still reach the driver heals within it unnoticed); then it fails
+/// naming the worker, and the driver decides whether that worker is lost.
+pub(crate) const FETCH_RETRY_WINDOW: Duration = Duration::from_secs(10);
+
+/// The first pause before a read is made again; it doubles up to [`FETCH_RETRY_PAUSE_MAX`].
+const FETCH_RETRY_PAUSE: Duration = Duration::from_millis(100);
+const FETCH_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Opens the `DoGet` call of stream `id` at `address`, making it again (with backoff, within
+/// [`FETCH_RETRY_WINDOW`]) while the call fails before it reaches the worker: no connection, or
+/// no answer. A call the worker answered, with a stream or an error, is never made twice, so a
+/// take-once stream is taken at most once. Each retry is logged and counted in `retries`.
+async fn do_get_patiently(
+    link: &ClusterLink,
+    address: &str,
+    id: StreamId,
+    what: &str,
+    retries: &FetchRetries,
+) -> Result<Streaming<FlightData>> {
+    let ticket = Ticket {
+        ticket: stream_to_proto(id)?.encode_to_vec().into(),
+    };
+    let started = tokio::time::Instant::now();
+    let mut pause = FETCH_RETRY_PAUSE;
+    loop {
+        // One connection per stream: a stream its reader has not reached yet (a join's probe
+        // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
+        // streams the reader needs first.
+        let mut client = FlightServiceClient::new(connect_lazy(address, link)?)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let status = match client.do_get(ticket.clone()).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) => status,
+        };
+        let waited = started.elapsed();
+        if peer_answered(&status) || waited + pause > FETCH_RETRY_WINDOW {
+            let mut error = from_status_at(&status, what, address);
+            if retries.count() > 0 && !peer_answered(&status) {
+                error.message = format!(
+                    "{} (tried for {:.1} s)",
+                    error.message,
+                    waited.as_secs_f64()
+                );
+            }
+            return Err(error.to_error());
+        }
+        let failure = format!("{what}: {}", status.message());
+        tracing::warn!(
+            target: "sluice::fetch",
+            stream = %id,
+            peer = address,
+            "{failure}; trying again in {} ms",
+            pause.as_millis()
+        );
+        retries.record(failure);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(FETCH_RETRY_PAUSE_MAX);
     }
 }
 

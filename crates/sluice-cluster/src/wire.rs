@@ -323,6 +323,8 @@ fn metrics_to_proto(m: &TaskMetrics) -> proto::TaskMetrics {
         spilled_bytes: m.spilled_bytes,
         peak_memory_bytes: m.peak_memory_bytes,
         plan: m.plan.clone(),
+        fetch_retries: m.fetch_retries,
+        fetch_retried: m.fetch_retried.clone(),
     }
 }
 
@@ -342,6 +344,8 @@ fn metrics_from_proto(m: &proto::TaskMetrics) -> TaskMetrics {
         spilled_bytes: m.spilled_bytes,
         peak_memory_bytes: m.peak_memory_bytes,
         plan: m.plan.clone(),
+        fetch_retries: m.fetch_retries,
+        fetch_retried: m.fetch_retried.clone(),
     }
 }
 

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::{DataFusionError, Result};
+use sluice_planner::WorkerId;
 use sluice_runtime::WorkerOptions;
+use sluice_runtime::error::{ErrorKind, RemoteError};
 
 use crate::auth::ClusterLink;
 use crate::worker_server::{Departure, WorkerServer};
@@ -152,14 +154,12 @@ async fn serve(
     .await?;
     let mut stop = std::pin::pin!(stop);
     loop {
-        // Joining waits at most the driver timeout, and a stop request ends it.
+        // Joining waits at most the driver timeout (a driver that is not up yet is tried again
+        // meanwhile), and a stop request ends it.
+        let mut unreachable = None;
         let joining = tokio::time::timeout(
             options.driver_timeout,
-            server.join(
-                &options.driver,
-                options.heartbeat_interval,
-                options.driver_timeout,
-            ),
+            join_patiently(&mut server, &options, &mut unreachable),
         );
         let id = tokio::select! {
             _ = &mut stop => return Ok(WorkerExit::Stopped),
@@ -167,9 +167,10 @@ async fn serve(
                 Ok(id) => id?,
                 Err(_) => {
                     return Ok(WorkerExit::DriverGone(format!(
-                        "the driver at {} did not accept the registration within {:.1} s",
+                        "the driver at {} did not accept the registration within {:.1} s{}",
                         options.driver,
-                        options.driver_timeout.as_secs_f64()
+                        options.driver_timeout.as_secs_f64(),
+                        unreachable.map(|e| format!(" ({e})")).unwrap_or_default()
                     )));
                 }
             },
@@ -224,6 +225,34 @@ async fn serve(
                     "the heartbeat task ended".to_string(),
                 ));
             }
+        }
+    }
+}
+
+/// Registers with the driver, trying again (100 ms doubling to 1 s) while it cannot be reached,
+/// as when workers start before their driver; `unreachable` keeps the last such failure. Any other
+/// failure (a refused secret, say) ends it at once.
+async fn join_patiently(
+    server: &mut WorkerServer,
+    options: &WorkerProcessOptions,
+    unreachable: &mut Option<String>,
+) -> Result<WorkerId> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let joined = server
+            .join(
+                &options.driver,
+                options.heartbeat_interval,
+                options.driver_timeout,
+            )
+            .await;
+        match joined {
+            Err(error) if RemoteError::of(&error).kind == ErrorKind::Transport => {
+                *unreachable = Some(error.to_string());
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
         }
     }
 }

@@ -57,6 +57,10 @@ pub struct TaskMetrics {
     pub peak_memory_bytes: u64,
     /// The task's plan rendered with its metrics (empty unless asked for, see [`executed_task`]).
     pub plan: String,
+    /// Reads from other workers that failed before they reached them and were made again.
+    pub fetch_retries: u64,
+    /// The last failure that made one of them try again (empty without retries).
+    pub fetch_retried: String,
 }
 
 /// Reads one counter of [`TaskMetrics`].
@@ -99,6 +103,7 @@ impl TaskMetrics {
         sum(&mut self.spill_count, other.spill_count);
         sum(&mut self.spilled_bytes, other.spilled_bytes);
         self.peak_memory_bytes = self.peak_memory_bytes.max(other.peak_memory_bytes);
+        sum(&mut self.fetch_retries, other.fetch_retries);
     }
 }
 

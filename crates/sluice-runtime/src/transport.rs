@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -64,6 +65,49 @@ pub trait StreamFetcher: Send + Sync + fmt::Debug {
         stream: StreamId,
         schema: SchemaRef,
     ) -> SendableRecordBatchStream;
+
+    /// [`Self::fetch`] for a task that counts its reads: calls that failed before they reached
+    /// the holder and were made again are recorded in `retries`. Fetchers that never retry
+    /// (in-process) keep this default.
+    fn fetch_counted(
+        &self,
+        address: &str,
+        stream: StreamId,
+        schema: SchemaRef,
+        retries: Arc<FetchRetries>,
+    ) -> SendableRecordBatchStream {
+        let _ = retries;
+        self.fetch(address, stream, schema)
+    }
+}
+
+/// The reads of one task attempt that failed before they reached the worker holding their stream
+/// (no connection, a call that never arrived) and were made again: how many, and the last such
+/// failure, for the attempt's metrics and the driver's notice.
+#[derive(Debug, Default)]
+pub struct FetchRetries {
+    count: AtomicU64,
+    last: Mutex<Option<String>>,
+}
+
+impl FetchRetries {
+    /// One read is made again after `failure`.
+    pub fn record(&self, failure: String) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(failure);
+        }
+    }
+
+    /// How many reads were made again.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The last failure that made a read try again.
+    pub fn last(&self) -> Option<String> {
+        self.last.lock().ok().and_then(|last| last.clone())
+    }
 }
 
 /// Where a worker sends its task status reports.

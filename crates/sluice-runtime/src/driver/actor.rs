@@ -427,21 +427,7 @@ impl DriverActor {
         if let TaskState::Failed(error) = &report.state
             && let Some(peer) = &error.peer
         {
-            // A read from another worker failed at the connection: evidence it is gone. Acting on
-            // it first makes this failure a consequence of the loss, not a charge to its region.
-            let suspect = self
-                .workers
-                .iter()
-                .find(|(id, w)| w.registration.address == *peer && **id != report.worker)
-                .map(|(id, _)| *id);
-            if let Some(worker) = suspect {
-                let why = format!(
-                    "{} could not read from it: {}",
-                    report.attempt,
-                    error.message.replace('\n', " ")
-                );
-                self.worker_lost(worker, &why, WorkerLoss::CutOff);
-            }
+            self.unreachable_peer(&report, peer, &error.message);
         }
         let key = report.attempt;
         let attempt = key.task_attempt();
@@ -495,12 +481,56 @@ impl DriverActor {
                 .ended(attempt, state, accepted.clone(), error);
         }
         if let Some(metrics) = accepted {
+            if metrics.fetch_retries > 0 {
+                self.notice(format!(
+                    "{key} on {}: {} read(s) from other workers failed before reaching them and \
+                     succeeded when made again (the last failure: {})",
+                    report.worker, metrics.fetch_retries, metrics.fetch_retried
+                ));
+            }
             self.task_succeeded(key.job, attempt, metrics);
         }
         self.perform(outcome.actions);
         if terminal {
             self.place_waiting();
         }
+    }
+
+    /// A read of `report`'s attempt from the worker at `peer` failed at the connection (after the
+    /// reader's own retries). A peer whose heartbeats stopped is lost; acting on it first makes
+    /// the read's failure a consequence of the loss, not a charge to its region. A peer that
+    /// still heartbeats is only cut off from the reader (a partition, not a death): it keeps its
+    /// slots and its outputs, and the reader's failure is retried as any other.
+    fn unreachable_peer(&mut self, report: &TaskStatusReport, peer: &str, message: &str) {
+        let silent_after = self.options.heartbeat_timeout / 2;
+        let Some((worker, beats)) = self
+            .workers
+            .iter()
+            .find(|(id, w)| w.registration.address == *peer && **id != report.worker)
+            .map(|(id, w)| {
+                let beats = w.registration.liveness == Liveness::Heartbeats
+                    && w.last_heartbeat.elapsed() <= silent_after;
+                (*id, beats)
+            })
+        else {
+            return;
+        };
+        let message = message.replace('\n', " ");
+        if beats {
+            let reader = self
+                .workers
+                .get(&report.worker)
+                .map(|w| format!("{} ({})", report.worker, w.registration.address))
+                .unwrap_or_else(|| report.worker.to_string());
+            self.notice(format!(
+                "{} on {reader} could not read from {worker} ({peer}), which still sends \
+                 heartbeats: {worker} is kept, the attempt is retried ({message})",
+                report.attempt
+            ));
+            return;
+        }
+        let why = format!("{} could not read from it: {message}", report.attempt);
+        self.worker_lost(worker, &why, WorkerLoss::CutOff);
     }
 
     /// Records a succeeded attempt; once every task of its stage succeeded, what the stage's

@@ -24,7 +24,7 @@ use crate::definition::{StreamLocator, TaskDefinition};
 use crate::faults::FaultPoints;
 use crate::stream_store::{StreamStore, TaskSender, TaskStreams};
 use crate::task::TaskInput;
-use crate::transport::StreamFetcher;
+use crate::transport::{FetchRetries, StreamFetcher};
 
 /// The streams of one attempt; see the module docs.
 pub(super) struct AttemptStreams {
@@ -55,6 +55,8 @@ pub(super) struct ReadCounters {
     rows: AtomicU64,
     local_bytes: AtomicU64,
     remote_bytes: AtomicU64,
+    /// Reads from other workers made again after a failed call.
+    retries: Arc<FetchRetries>,
 }
 
 impl ReadCounters {
@@ -76,6 +78,10 @@ impl ReadCounters {
         metrics.input_rows += self.rows.load(Ordering::Relaxed);
         metrics.read_local_bytes += self.local_bytes.load(Ordering::Relaxed);
         metrics.read_remote_bytes += self.remote_bytes.load(Ordering::Relaxed);
+        metrics.fetch_retries += self.retries.count();
+        if let Some(last) = self.retries.last() {
+            metrics.fetch_retried = last;
+        }
     }
 }
 
@@ -203,7 +209,12 @@ impl TaskStreams for AttemptStreams {
             let stream = self.store.take_stream(locator.stream, schema);
             return Ok(counted(stream, &self.read, false));
         }
-        let stream = self.fetcher.fetch(&locator.address, locator.stream, schema);
+        let stream = self.fetcher.fetch_counted(
+            &locator.address,
+            locator.stream,
+            schema,
+            Arc::clone(&self.read.retries),
+        );
         Ok(counted(stream, &self.read, true))
     }
 
