@@ -207,10 +207,8 @@ fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
     assert_eq!(stdout.matches("same as local").count(), 22, "{stdout}");
-    assert_eq!(
-        wait_until_gone(&pids, Duration::from_secs(5)),
-        Vec::<u32>::new()
-    );
+    // It exited only after its workers did (it waits for each).
+    assert_eq!(wait_until_gone(&pids, Duration::ZERO), Vec::<u32>::new());
     // Nor their work directory.
     let prefix = format!("sluice-cluster-{client_pid}-");
     let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
@@ -220,6 +218,16 @@ fn tpch_on_three_worker_processes_matches_local_mode_and_leaves_no_worker_behind
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_stopped_cluster_mode_server_exits_only_after_its_worker_processes() {
+    let server = common::Server::start(&["--mode", "cluster", "--workers", "2"], sf01());
+    let pids = worker_pids(server.pid());
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    let said = server.stop();
+    assert!(said.iter().any(|l| l.contains("stopped")), "{said:?}");
+    assert_eq!(wait_until_gone(&pids, Duration::ZERO), Vec::<u32>::new());
 }
 
 #[test]

@@ -671,6 +671,8 @@ mod tests {
             spilled_bytes: 12,
             peak_memory_bytes: 13,
             plan: "ShuffleWriterExec".into(),
+            fetch_retries: 14,
+            fetch_retried: "reading stream … from 10.0.0.2:1: tcp connect error".into(),
         };
         let report = TaskStatusReport {
             worker: WorkerId(1),

@@ -269,11 +269,20 @@ impl Harness {
     }
 
     async fn worker(&self, slots: usize, liveness: Liveness) -> (WorkerId, FakeWorker) {
+        self.worker_at("fake:worker", slots, liveness).await
+    }
+
+    async fn worker_at(
+        &self,
+        address: &str,
+        slots: usize,
+        liveness: Liveness,
+    ) -> (WorkerId, FakeWorker) {
         let worker = FakeWorker::default();
         let id = self
             .driver
             .register_worker(WorkerRegistration {
-                address: "fake:worker".into(),
+                address: address.into(),
                 slots,
                 client: Arc::new(worker.clone()),
                 liveness,
@@ -1045,4 +1054,69 @@ async fn jobs_are_recorded_with_their_end_and_a_cancel_on_request_ends_the_outpu
             .flat_map(|r| r.attempts.iter())
             .all(|a| a.ended_ms >= Some(a.started_ms))
     );
+}
+
+/// A transport failure of a read from the worker at `peer` that never reached it.
+fn unreachable_read(peer: &str) -> TaskState {
+    let mut error = RemoteError::new(
+        ErrorKind::Transport,
+        format!("reading stream job 1 stage 0 partition 0 from {peer}: tcp connect error"),
+    );
+    error.peer = Some(peer.to_string());
+    TaskState::Failed(error)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_from_a_worker_that_still_heartbeats_keeps_it_and_retries_the_reader() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker_at("fake:one", 8, Liveness::Heartbeats).await;
+    let (w2, _two) = h.worker_at("fake:two", 8, Liveness::Heartbeats).await;
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    let reader = one.runs()[0];
+    // Both beat; a read on worker 1 from worker 2 fails at the connection: a partition.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.driver.handle().heartbeat(w1).unwrap();
+    h.driver.handle().heartbeat(w2).unwrap();
+    h.report(w1, reader, 2, unreachable_read("fake:two"));
+    let snapshot = h.snapshot().await;
+    assert_eq!(
+        (
+            snapshot.workers,
+            snapshot.counters.workers_lost,
+            snapshot.counters.regions_retried
+        ),
+        (2, 0, 1),
+        "{snapshot:?}"
+    );
+    let notices = h.driver.take_notices().await.unwrap();
+    assert!(
+        notices.iter().any(|n| n.starts_with(&format!(
+            "{reader} on worker 1 (fake:one) could not read from worker 2 (fake:two), which \
+             still sends heartbeats: worker 2 is kept, the attempt is retried (reading stream"
+        ))),
+        "{notices:?}"
+    );
+    // Worker 2 then falls silent past half the heartbeat timeout: the next such failure is
+    // evidence that it is gone.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.driver.handle().heartbeat(w1).unwrap();
+    }
+    let retried = one
+        .runs()
+        .into_iter()
+        .find(|key| key.attempt == 1)
+        .expect("the region runs again");
+    h.report(w1, retried, 2, unreachable_read("fake:two"));
+    let snapshot = h.snapshot().await;
+    assert_eq!(
+        (snapshot.workers, snapshot.counters.workers_lost),
+        (1, 1),
+        "{snapshot:?}"
+    );
+    drop(output);
 }
