@@ -128,8 +128,12 @@ impl ClusterDriver {
     pub async fn state(&self, link: &ClusterLink) -> Result<ClusterState> {
         let driver = self.driver().snapshot().await?;
         let mut workers = vec![WorkerState::of("driver", self.executor())];
-        for address in &driver.worker_addresses {
-            workers.push(GrpcWorkerClient::new(address, link)?.state().await?);
+        for worker in &driver.workers {
+            workers.push(
+                GrpcWorkerClient::new(&worker.address, link)?
+                    .state()
+                    .await?,
+            );
         }
         Ok(ClusterState { driver, workers })
     }

@@ -269,7 +269,7 @@ impl ProcessCluster {
     async fn wait_for_workers(&mut self, options: &ProcessClusterOptions) -> Result<()> {
         let deadline = Instant::now() + options.startup_timeout;
         loop {
-            let registered = self.driver.driver().snapshot().await?.workers;
+            let registered = self.driver.driver().snapshot().await?.workers.len();
             if self.enough_joined(registered, options.min_workers)? {
                 return Ok(());
             }

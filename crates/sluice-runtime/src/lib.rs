@@ -40,8 +40,8 @@ pub use definition::{
 };
 pub use driver::{
     Driver, DriverCounters, DriverHandle, DriverOptions, DriverSnapshot, JobLabel, JobProgress,
-    JobRecord, JobState, StageProgress, StageSummary, TaskRecord, TaskRecordState, stage_summaries,
-    telemetry,
+    JobRecord, JobState, StageProgress, StageSummary, TaskRecord, TaskRecordState, WorkerSnapshot,
+    stage_summaries, telemetry,
 };
 pub use error::{ErrorKind, RemoteError, SluiceFailure};
 pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};

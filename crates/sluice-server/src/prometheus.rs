@@ -77,7 +77,7 @@ pub async fn render(runner: &dyn JobRunner) -> Result<String, String> {
         .absolute(counters.read_remote_bytes);
     gauge!(telemetry::JOBS_RUNNING).set(driver.scheduler_jobs as f64);
     gauge!(telemetry::TASKS_RUNNING).set(driver.running_tasks as f64);
-    gauge!(telemetry::WORKERS).set(driver.workers as f64);
+    gauge!(telemetry::WORKERS).set(driver.workers.len() as f64);
     for worker in state.iter().flat_map(|s| &s.workers) {
         gauge!(telemetry::WORKER_MEMORY_USED_BYTES, "worker" => worker.address.clone())
             .set(worker.memory_used as f64);

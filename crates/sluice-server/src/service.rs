@@ -116,7 +116,7 @@ impl SluiceFlightSql {
                 serde_json::json!({
                     "jobs": state.driver.jobs,
                     "running_tasks": state.driver.running_tasks,
-                    "workers": state.driver.workers,
+                    "workers": state.driver.workers.len(),
                     "waiting_regions": state.driver.waiting_regions,
                 }),
                 workers_json(&state),
@@ -193,13 +193,12 @@ pub(crate) fn workers_json(state: &sluice_runtime::runner::ClusterState) -> Vec<
         .iter()
         .map(|w| {
             // The driver's view of the worker (absent for the driver's own executor).
-            let at = driver.worker_addresses.iter().position(|a| *a == w.address);
-            let of = |values: &[usize]| at.and_then(|i| values.get(i).copied());
+            let seen = driver.worker_at(&w.address);
             serde_json::json!({
                 "address": w.address,
-                "slots": of(&driver.worker_slots),
-                "busy_slots": of(&driver.busy_slots),
-                "last_heartbeat_ms_ago": at.and_then(|i| driver.worker_heartbeat_age_ms.get(i)),
+                "slots": seen.map(|s| s.slots),
+                "busy_slots": seen.map(|s| s.busy),
+                "last_heartbeat_ms_ago": seen.map(|s| s.heartbeat_age_ms),
                 "running_tasks": w.running_tasks,
                 "live_attempts": w.live_attempts,
                 "stream_outputs": w.stream_outputs,

@@ -63,6 +63,81 @@ pub(super) struct JobEntry {
 }
 
 impl JobEntry {
+    /// A job just accepted, none of its tasks placed.
+    pub fn new(
+        job: sluice_planner::JobId,
+        graph: Arc<JobGraph>,
+        plans: Vec<StagePlan>,
+        config: Arc<HashMap<String, String>>,
+        memory_limit: Option<u64>,
+        label: Option<Arc<super::JobLabel>>,
+        output: mpsc::UnboundedSender<OutputCommand>,
+    ) -> Self {
+        let record = super::JobRecord::of_graph(job.0, label.clone(), &graph);
+        Self {
+            analyze: crate::analyze::is_analyze(&graph),
+            graph,
+            plans,
+            config,
+            memory_limit,
+            placed: HashMap::new(),
+            latest: HashMap::new(),
+            succeeded: HashMap::new(),
+            metrics: HashMap::new(),
+            announced: HashMap::new(),
+            retries: 0,
+            reruns: 0,
+            output,
+            phase: JobPhase::Running,
+            label,
+            attempts: super::attempts::AttemptLog::new(job, record.label.as_deref()),
+            record,
+        }
+    }
+
+    /// Its record as the REST API and system tables show it now.
+    pub fn current_record(&self) -> super::JobRecord {
+        let mut record = self.record.clone();
+        record.retries = self.retries;
+        record.tasks_done = self.succeeded.len();
+        record.attempts = Arc::new(self.attempts.records().to_vec());
+        record
+    }
+
+    /// Its progress, `running` telling how many attempts of each stage run now.
+    pub fn progress(
+        &self,
+        job: sluice_planner::JobId,
+        running: impl Fn(StageId) -> usize,
+    ) -> super::JobProgress {
+        let rows = self.succeeded_metrics();
+        let stages = self
+            .graph
+            .stages()
+            .iter()
+            .enumerate()
+            .map(|(id, stage)| {
+                let of_stage = |t: &TaskId| t.stage.0 == id;
+                super::StageProgress {
+                    total: stage.partitions(),
+                    running: running(StageId(id)),
+                    done: self.succeeded.keys().filter(|t| of_stage(t)).count(),
+                    rows: rows
+                        .iter()
+                        .filter(|(t, _)| of_stage(t))
+                        .map(|(_, m)| m.rows)
+                        .sum(),
+                }
+            })
+            .collect();
+        super::JobProgress {
+            job: job.0,
+            stages,
+            retries: self.retries,
+            label: self.label.clone(),
+        }
+    }
+
     /// Where `task`'s latest attempt runs, and which attempt that is.
     pub fn location_of(&self, task: TaskId) -> Option<(Location, usize)> {
         let attempt = *self.latest.get(&task)?;

@@ -25,11 +25,13 @@ mod attempts;
 mod definitions;
 mod history;
 mod job;
+mod journal;
 mod label;
 mod output;
 mod placement;
 mod progress;
 mod reconcile;
+mod registry;
 mod resume;
 mod shipping;
 mod spans;
@@ -128,20 +130,41 @@ pub struct DriverSnapshot {
     pub jobs: usize,
     /// Task attempts holding a slot.
     pub running_tasks: usize,
-    /// Registered workers (lost ones excluded).
-    pub workers: usize,
-    /// Per worker, its task slots in use.
-    pub busy_slots: Vec<usize>,
-    /// Per worker (the order of `busy_slots`), the address it registered.
-    pub worker_addresses: Vec<String>,
-    /// Per worker (the same order), its task slots.
-    pub worker_slots: Vec<usize>,
-    /// Per worker (the same order), milliseconds since its last heartbeat.
-    pub worker_heartbeat_age_ms: Vec<u64>,
+    /// The registered workers (lost ones excluded), in id order.
+    pub workers: Vec<WorkerSnapshot>,
     /// Regions waiting for slots.
     pub waiting_regions: usize,
     /// What the jobs did so far (retries, spilled and shuffled bytes).
     pub counters: DriverCounters,
+}
+
+impl DriverSnapshot {
+    /// Per worker, its task slots in use.
+    pub fn busy_slots(&self) -> Vec<usize> {
+        self.workers.iter().map(|w| w.busy).collect()
+    }
+
+    /// The worker registered at `address`.
+    pub fn worker_at(&self, address: &str) -> Option<&WorkerSnapshot> {
+        self.workers.iter().find(|w| w.address == address)
+    }
+}
+
+/// One registered worker, as the driver sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSnapshot {
+    /// Its id.
+    pub id: WorkerId,
+    /// The address it registered.
+    pub address: String,
+    /// Its task slots.
+    pub slots: usize,
+    /// Those in use.
+    pub busy: usize,
+    /// Milliseconds since its last heartbeat.
+    pub heartbeat_age_ms: u64,
+    /// It drains: no new task goes there.
+    pub draining: bool,
 }
 
 /// What the driver's jobs did since it started: recovering from failures, and the work of their

@@ -1,0 +1,238 @@
+//! What the actor does with a task attempt's reports: the status a worker sent (a read that could
+//! not reach its peer first), a `RunTask` that failed, a succeeded attempt's releases, and the
+//! final stage's streams announced to the job output.
+
+use sluice_planner::{JobId, TaskAttempt, TaskId};
+
+use super::DriverActor;
+use crate::definition::{TaskState, TaskStatusReport};
+use crate::driver::attempts::TaskRecordState;
+use crate::driver::journal::Transition;
+use crate::driver::output::OutputCommand;
+use crate::driver::placement::Location;
+use crate::error::ErrorKind;
+use crate::scheduler::{TaskStatus, WorkerLoss};
+use crate::transport::RunTaskError;
+
+impl DriverActor {
+    pub(super) fn task_status(&mut self, report: TaskStatusReport) {
+        if let TaskState::Failed(error) = &report.state
+            && let Some(peer) = &error.peer
+        {
+            self.unreachable_peer(&report, peer, &error.message);
+        }
+        let key = report.attempt;
+        let attempt = key.task_attempt();
+        let terminal = report.state.is_final();
+        if terminal {
+            self.registry.free(key);
+        }
+        let (status, metrics, ending) = match report.state {
+            TaskState::Running => (TaskStatus::Running, None, None),
+            TaskState::Succeeded(metrics) => (
+                TaskStatus::Succeeded,
+                Some(metrics),
+                Some((TaskRecordState::Succeeded, None)),
+            ),
+            TaskState::Failed(error) => {
+                let state = if error.kind == ErrorKind::Cancelled {
+                    TaskRecordState::Cancelled
+                } else {
+                    TaskRecordState::Failed
+                };
+                let text = error.message.clone();
+                (TaskStatus::Failed(error), None, Some((state, Some(text))))
+            }
+            TaskState::Canceled => (
+                TaskStatus::Canceled,
+                None,
+                Some((
+                    TaskRecordState::Cancelled,
+                    Some("its worker gave it up".to_string()),
+                )),
+            ),
+        };
+        let outcome = self
+            .scheduler
+            .task_status(key.job, attempt, report.sequence, status);
+        let accepted = if outcome.accepted { metrics } else { None };
+        if let Some((mut state, error)) = ending
+            && self.jobs.contains_key(&key.job)
+        {
+            // A report the scheduler did not take is that of an attempt it had already stopped or
+            // replaced (its region was retried): whatever it says, its work was not used. One it
+            // took that says the attempt was given up is a failure of the attempt (the scheduler
+            // retries or fails for it).
+            if !outcome.accepted {
+                state = TaskRecordState::Cancelled;
+            } else if state == TaskRecordState::Cancelled {
+                state = TaskRecordState::Failed;
+            }
+            self.record(Transition::AttemptEnded {
+                job: key.job,
+                attempt,
+                state,
+                metrics: accepted.clone(),
+                error,
+            });
+        }
+        if let Some(metrics) = accepted {
+            self.record(Transition::Succeeded {
+                key,
+                worker: report.worker,
+                metrics: &metrics,
+            });
+            self.task_succeeded(key.job, attempt, metrics);
+        }
+        self.perform(outcome.actions);
+        if terminal {
+            self.place_waiting();
+        }
+    }
+
+    /// A read of `report`'s attempt from the worker at `peer` failed at the connection (after the
+    /// reader's own retries). A peer whose heartbeats stopped is lost; acting on it first makes
+    /// the read's failure a consequence of the loss, not a charge to its region. A peer that
+    /// still heartbeats is only cut off from the reader (a partition, not a death): it keeps its
+    /// slots and its outputs, and the reader's failure is retried as any other.
+    pub(super) fn unreachable_peer(
+        &mut self,
+        report: &TaskStatusReport,
+        peer: &str,
+        message: &str,
+    ) {
+        let recent = self.options.heartbeat_timeout / 2;
+        let Some((worker, beats)) = self.registry.at_address(peer, report.worker, recent) else {
+            return;
+        };
+        let message = message.replace('\n', " ");
+        if beats {
+            self.record(Transition::PeerKept {
+                reader: report.attempt,
+                reader_worker: self.registry.name(report.worker),
+                peer: self.registry.name(worker),
+                message: &message,
+            });
+            return;
+        }
+        let why = format!("{} could not read from it: {message}", report.attempt);
+        self.worker_lost(worker, &why, WorkerLoss::CutOff);
+    }
+
+    /// Records a succeeded attempt; once every task of its stage succeeded, what the stage's
+    /// producers still hold is released (no consumer will read it), so they stop waiting.
+    pub(super) fn task_succeeded(
+        &mut self,
+        job: JobId,
+        attempt: TaskAttempt,
+        metrics: crate::analyze::TaskMetrics,
+    ) {
+        let Some(entry) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        entry.metrics.insert(attempt, metrics);
+        entry.succeeded.insert(attempt.task, attempt.attempt);
+        let stage_id = attempt.task.stage;
+        if !entry.stage_complete(stage_id) {
+            return;
+        }
+        entry.attempts.stage_done(stage_id);
+        let Some(stage) = entry.graph.stage(stage_id) else {
+            return;
+        };
+        let mut releases = Vec::new();
+        for input in &stage.inputs {
+            let Some(producer) = entry.graph.stage(input.stage) else {
+                continue;
+            };
+            // Blocking outputs stay until the job ends: a re-run (lineage) may need them again.
+            if producer.mode == sluice_planner::OutputMode::Blocking {
+                continue;
+            }
+            for partition in 0..producer.partitions() {
+                let task = TaskId {
+                    stage: input.stage,
+                    partition,
+                };
+                if let Some((location, producer_attempt)) = entry.location_of(task) {
+                    let key = TaskAttempt {
+                        task,
+                        attempt: producer_attempt,
+                    }
+                    .of_job(job);
+                    releases.push((location, key));
+                }
+            }
+        }
+        for (location, key) in releases {
+            self.release_output(location, key);
+        }
+    }
+
+    pub(super) fn run_task_failed(
+        &mut self,
+        job: JobId,
+        attempt: TaskAttempt,
+        location: Location,
+        error: RunTaskError,
+    ) {
+        let key = attempt.of_job(job);
+        if self.scheduler.has_reported(job, attempt) {
+            // Only the reply was lost: the task runs and its reports free its slot.
+            return;
+        }
+        if !error.refused {
+            // No answer: evidence that the worker is gone. What it ran is lost with it (this
+            // attempt included) and its slots leave the pool; the request may still have arrived,
+            // so the attempt is also told to stop.
+            self.stop_at(location, key);
+            if let Location::Worker(worker) = location
+                && self.registry.contains(worker)
+            {
+                let why = format!("RunTask got no answer ({})", error.error.message);
+                self.worker_lost(worker, &why, WorkerLoss::CutOff);
+                self.place_waiting();
+                return;
+            }
+        }
+        self.registry.free(key);
+        self.record(Transition::AttemptEnded {
+            job,
+            attempt,
+            state: TaskRecordState::Failed,
+            metrics: None,
+            error: Some(format!("it never started: {}", error.error.message)),
+        });
+        let actions = self.scheduler.task_not_started(job, attempt, error.error);
+        self.perform(actions);
+        self.place_waiting();
+    }
+
+    pub(super) fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
+        let Some(entry) = self.jobs.get(&job) else {
+            return;
+        };
+        let Some(location) = entry.placed.get(&attempt).copied() else {
+            return;
+        };
+        let channels = entry
+            .graph
+            .stage(attempt.task.stage)
+            .map_or(1, |s| s.distribution.channels());
+        let key = attempt.of_job(job);
+        let streams = (0..channels)
+            .map(|channel| key.stream(channel).replica(0))
+            .collect();
+        let Some(address) = self.registry.address_of(location) else {
+            return;
+        };
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            entry.announced.insert(attempt.task, attempt.attempt);
+            let _ = entry.output.send(OutputCommand::Add {
+                attempt,
+                address,
+                streams,
+            });
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The worker registry: membership, liveness and task slots of the driver's workers. Pure state
+//! (no I/O): the actor asks it and acts on the answers.
+//!
+//! Invariants:
+//! - a worker id is given once and never again (a worker that comes back registers afresh under a
+//!   new id); the address of every id ever given is kept, since locators may still name it;
+//! - a running attempt holds one slot of its location from [`WorkerRegistry::hold`] until
+//!   [`WorkerRegistry::free`] or its worker's [`WorkerRegistry::remove`], exactly once;
+//! - a draining worker keeps its running attempts but is offered no new ones;
+//! - a worker is silent when it sends heartbeats ([`Liveness::Heartbeats`]) and none arrived for
+//!   longer than the timeout; in-process workers are never silent.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_planner::{AttemptKey, JobId, WorkerId};
+use tokio::time::Instant;
+
+use super::placement::{Location, Slots};
+use super::{ExecutorEndpoint, Liveness, WorkerRegistration, WorkerSnapshot};
+use crate::transport::WorkerClient;
+
+/// A registered worker.
+struct WorkerEntry {
+    registration: WorkerRegistration,
+    busy: usize,
+    last_heartbeat: Instant,
+    /// It is draining: no new task goes there.
+    draining: bool,
+}
+
+/// The driver's workers and the slots their running attempts hold.
+pub(crate) struct WorkerRegistry {
+    workers: BTreeMap<WorkerId, WorkerEntry>,
+    /// Addresses of every worker ever registered (lost ones too).
+    addresses: HashMap<WorkerId, String>,
+    next_worker: u64,
+    /// Where each running attempt runs (one slot held there when it is a worker).
+    running: HashMap<AttemptKey, Location>,
+    /// Of the running attempts, the acceptance number their worker answered to `RunTask`.
+    accepted: HashMap<AttemptKey, u64>,
+    /// The driver's own executor (driver-placed stages).
+    executor: ExecutorEndpoint,
+}
+
+impl WorkerRegistry {
+    pub fn new(executor: ExecutorEndpoint) -> Self {
+        Self {
+            workers: BTreeMap::new(),
+            addresses: HashMap::new(),
+            next_worker: 1,
+            running: HashMap::new(),
+            accepted: HashMap::new(),
+            executor,
+        }
+    }
+
+    /// Registers a worker under a new id.
+    pub fn register(&mut self, registration: WorkerRegistration) -> WorkerId {
+        let id = WorkerId(self.next_worker);
+        self.next_worker += 1;
+        self.addresses.insert(id, registration.address.clone());
+        self.workers.insert(
+            id,
+            WorkerEntry {
+                registration,
+                busy: 0,
+                last_heartbeat: Instant::now(),
+                draining: false,
+            },
+        );
+        id
+    }
+
+    /// A heartbeat of `worker`; whether it is registered.
+    pub fn heartbeat(&mut self, worker: WorkerId) -> bool {
+        match self.workers.get_mut(&worker) {
+            Some(entry) => {
+                entry.last_heartbeat = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks `worker` draining; its address, if it is registered.
+    pub fn drain(&mut self, worker: WorkerId) -> Option<String> {
+        let entry = self.workers.get_mut(&worker)?;
+        entry.draining = true;
+        Some(entry.registration.address.clone())
+    }
+
+    /// Removes `worker`: its address and the attempts that ran there (sorted), which no longer
+    /// hold slots. `None` when it was not registered.
+    pub fn remove(&mut self, worker: WorkerId) -> Option<(String, Vec<AttemptKey>)> {
+        let entry = self.workers.remove(&worker)?;
+        let here = Location::Worker(worker);
+        let mut lost: Vec<AttemptKey> = self
+            .running
+            .iter()
+            .filter(|(_, location)| **location == here)
+            .map(|(key, _)| *key)
+            .collect();
+        lost.sort();
+        for key in &lost {
+            self.running.remove(key);
+            self.accepted.remove(key);
+        }
+        Some((entry.registration.address, lost))
+    }
+
+    /// Whether `worker` is registered.
+    pub fn contains(&self, worker: WorkerId) -> bool {
+        self.workers.contains_key(&worker)
+    }
+
+    /// Workers that send heartbeats and sent none for longer than `timeout`, with their silence
+    /// in seconds.
+    pub fn silent(&self, timeout: Duration) -> Vec<(WorkerId, f64)> {
+        self.workers
+            .iter()
+            .filter(|(_, w)| w.registration.liveness == Liveness::Heartbeats)
+            .filter_map(|(id, w)| {
+                let silence = w.last_heartbeat.elapsed();
+                (silence > timeout).then_some((*id, silence.as_secs_f64()))
+            })
+            .collect()
+    }
+
+    /// The registered worker at `address` other than `except`, and whether it sent a heartbeat
+    /// within `recent` (a worker without heartbeats never counts as beating).
+    pub fn at_address(
+        &self,
+        address: &str,
+        except: WorkerId,
+        recent: Duration,
+    ) -> Option<(WorkerId, bool)> {
+        self.workers
+            .iter()
+            .find(|(id, w)| w.registration.address == address && **id != except)
+            .map(|(id, w)| {
+                let beats = w.registration.liveness == Liveness::Heartbeats
+                    && w.last_heartbeat.elapsed() <= recent;
+                (*id, beats)
+            })
+    }
+
+    /// The slots of every worker taking tasks (not draining), in id order.
+    pub fn slots(&self) -> Vec<Slots> {
+        self.workers
+            .iter()
+            .filter(|(_, w)| !w.draining)
+            .map(|(id, w)| Slots {
+                worker: *id,
+                free: w.registration.slots.saturating_sub(w.busy),
+                total: w.registration.slots,
+            })
+            .collect()
+    }
+
+    /// `key` runs at `location` (a slot held there when it is a worker).
+    pub fn hold(&mut self, key: AttemptKey, location: Location) {
+        self.running.insert(key, location);
+        if let Location::Worker(w) = location
+            && let Some(worker) = self.workers.get_mut(&w)
+        {
+            worker.busy += 1;
+        }
+    }
+
+    /// `key` no longer runs: its slot is free again.
+    pub fn free(&mut self, key: AttemptKey) {
+        self.accepted.remove(&key);
+        if let Some(Location::Worker(w)) = self.running.remove(&key)
+            && let Some(worker) = self.workers.get_mut(&w)
+        {
+            worker.busy = worker.busy.saturating_sub(1);
+        }
+    }
+
+    /// Where running attempt `key` runs.
+    pub fn location(&self, key: &AttemptKey) -> Option<Location> {
+        self.running.get(key).copied()
+    }
+
+    /// Running attempts, with where they run.
+    pub fn running(&self) -> impl Iterator<Item = (&AttemptKey, &Location)> {
+        self.running.iter()
+    }
+
+    /// How many attempts run.
+    pub fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Records the acceptance number `worker` answered for running attempt `key`.
+    pub fn accepted(&mut self, key: AttemptKey, accepted: u64) {
+        if self.running.contains_key(&key) {
+            self.accepted.insert(key, accepted);
+        }
+    }
+
+    /// The attempts running on `worker` with the acceptance numbers they got (if known yet).
+    pub fn running_on(&self, worker: WorkerId) -> Vec<(AttemptKey, Option<u64>)> {
+        let here = Location::Worker(worker);
+        self.running
+            .iter()
+            .filter(|(_, location)| **location == here)
+            .map(|(key, _)| (*key, self.accepted.get(key).copied()))
+            .collect()
+    }
+
+    /// Worker slots each job's running attempts hold.
+    pub fn slots_held(&self) -> HashMap<JobId, usize> {
+        let mut held = HashMap::new();
+        for (key, location) in &self.running {
+            if matches!(location, Location::Worker(_)) {
+                *held.entry(key.job).or_insert(0) += 1;
+            }
+        }
+        held
+    }
+
+    /// The client of the worker (or driver executor) at `location`, while it is registered.
+    pub fn client(&self, location: Location) -> Option<Arc<dyn WorkerClient>> {
+        match location {
+            Location::Driver => Some(Arc::clone(&self.executor.client)),
+            Location::Worker(w) => self
+                .workers
+                .get(&w)
+                .map(|w| Arc::clone(&w.registration.client)),
+        }
+    }
+
+    /// The driver executor's client and every registered worker's.
+    pub fn all_clients(&self) -> Vec<Arc<dyn WorkerClient>> {
+        std::iter::once(Arc::clone(&self.executor.client))
+            .chain(
+                self.workers
+                    .values()
+                    .map(|w| Arc::clone(&w.registration.client)),
+            )
+            .collect()
+    }
+
+    /// The data-plane address of `location` (lost workers too).
+    pub fn address_of(&self, location: Location) -> Option<String> {
+        match location {
+            Location::Driver => Some(self.executor.address.clone()),
+            Location::Worker(w) => self.addresses.get(&w).cloned(),
+        }
+    }
+
+    /// `worker (address)`, or the id alone when its address is unknown.
+    pub fn name(&self, worker: WorkerId) -> String {
+        match self.addresses.get(&worker) {
+            Some(address) => format!("{worker} ({address})"),
+            None => worker.to_string(),
+        }
+    }
+
+    /// What each registered worker is, in id order.
+    pub fn snapshots(&self) -> Vec<WorkerSnapshot> {
+        self.workers
+            .iter()
+            .map(|(id, w)| WorkerSnapshot {
+                id: *id,
+                address: w.registration.address.clone(),
+                slots: w.registration.slots,
+                busy: w.busy,
+                heartbeat_age_ms: u64::try_from(w.last_heartbeat.elapsed().as_millis())
+                    .unwrap_or(u64::MAX),
+                draining: w.draining,
+            })
+            .collect()
+    }
+}
