@@ -8,6 +8,7 @@
 //!
 //! These tests need root (network namespaces, veth, tc, mount): CI runs as root. Without it they
 //! fail, saying so. They run one at a time (one lock), each with namespaces of its own prefix.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
