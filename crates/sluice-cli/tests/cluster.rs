@@ -230,6 +230,71 @@ fn a_stopped_cluster_mode_server_exits_only_after_its_worker_processes() {
     assert_eq!(wait_until_gone(&pids, Duration::ZERO), Vec::<u32>::new());
 }
 
+/// Polls the cluster's driver until it has `count` workers (at most 30 s); their snapshots.
+async fn until_workers(
+    cluster: &sluice_cluster::ProcessCluster,
+    count: usize,
+) -> Vec<sluice_runtime::WorkerSnapshot> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let workers = cluster.snapshot().await.unwrap().workers;
+        if workers.len() == count {
+            return workers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} workers, not {count}",
+            workers.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn the_process_cluster_manager_starts_drains_and_stops_worker_processes() {
+    use sluice_cluster::{ProcessCluster, ProcessClusterOptions};
+    use sluice_runtime::cluster_manager::ClusterManager;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let executable = std::path::PathBuf::from(env!("CARGO_BIN_EXE_sluice"));
+        let cluster = ProcessCluster::start(ProcessClusterOptions::new(executable, 1))
+            .await
+            .unwrap();
+        let manager = cluster.manager();
+        assert_eq!((manager.name(), manager.desired_workers()), ("process", 1));
+        manager.start_workers(1).await.unwrap();
+        let workers = until_workers(&cluster, 2).await;
+        let pids = cluster.worker_pids();
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        // The second drains and leaves; it is not replaced.
+        manager.drain(workers[1].id).await.unwrap();
+        let left = until_workers(&cluster, 1).await;
+        assert_eq!(left[0].id, workers[0].id);
+        assert_eq!(
+            wait_until_gone(&pids[1..], Duration::from_secs(10)),
+            Vec::<u32>::new()
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(cluster.worker_pids(), pids[..1].to_vec(), "no replacement");
+        let unknown = manager.drain(workers[1].id).await.unwrap_err().to_string();
+        assert_eq!(
+            unknown,
+            format!(
+                "Execution error: no worker process registered as {}",
+                workers[1].id
+            )
+        );
+        // Stop returns once every worker process exited.
+        manager.stop().await.unwrap();
+        assert_eq!(wait_until_gone(&pids, Duration::ZERO), Vec::<u32>::new());
+        let refused = manager.start_workers(1).await.unwrap_err().to_string();
+        assert_eq!(
+            refused,
+            "Execution error: the cluster is stopping: no worker process is started"
+        );
+    });
+}
+
 #[test]
 fn workers_of_a_sigkilled_client_exit_on_their_own() {
     let client = tpch_on_three_workers(&["--iterations", "1000"]);

@@ -30,6 +30,7 @@ mod flight_ipc;
 mod local_cluster;
 mod net;
 mod process_cluster;
+mod process_workers;
 mod runner;
 mod wire;
 mod worker_process;
@@ -38,6 +39,7 @@ mod worker_server;
 pub use auth::{ClusterLink, ClusterSecret, ClusterTls, TlsFiles};
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
 pub use process_cluster::{ProcessCluster, ProcessClusterOptions};
+pub use process_workers::{DRAIN_LINE, ProcessWorkers};
 pub use runner::{LocalClusterRunner, ProcessClusterRunner};
 pub use worker_process::{
     StopRequest, WorkerExit, WorkerProcessOptions, default_work_dir, run_worker_process,

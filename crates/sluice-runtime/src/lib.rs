@@ -20,6 +20,7 @@
 //! tests fire in workers.
 
 pub mod analyze;
+pub mod cluster_manager;
 pub mod codec;
 pub mod definition;
 pub mod driver;

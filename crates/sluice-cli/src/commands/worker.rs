@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use clap::Args;
 use sluice_cluster::{
-    ClusterLink, ClusterSecret, StopRequest, WorkerExit, WorkerProcessOptions, run_worker_process,
+    ClusterLink, ClusterSecret, DRAIN_LINE, StopRequest, WorkerExit, WorkerProcessOptions,
+    run_worker_process,
 };
 use sluice_engine::{Result, SluiceConfig, SluiceError};
 use sluice_runtime::WorkerOptions;
@@ -133,24 +134,31 @@ fn say(line: &str) {
 /// Resolves when the worker should stop: SIGTERM drains, SIGINT (or the end of stdin, when the
 /// parent holds it) stops now.
 async fn stop_request(exit_with_stdin: bool) -> StopRequest {
-    let stdin_closed = async move {
+    // The parent's pipe: a `DRAIN` line asks for a drain (its cluster manager lets it go), its
+    // end for a stop.
+    let from_parent = async move {
         if !exit_with_stdin {
-            return std::future::pending::<()>().await;
+            return std::future::pending::<StopRequest>().await;
         }
         // A thread, not the runtime's blocking pool: it blocks on stdin for the whole run.
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = tokio::sync::oneshot::channel::<StopRequest>();
         let spawned = std::thread::Builder::new()
             .name("sluice-worker-stdin".to_string())
             .spawn(move || {
-                let mut sink = String::new();
+                let mut line = String::new();
                 let mut stdin = std::io::stdin().lock();
-                while matches!(stdin.read_line(&mut sink), Ok(n) if n > 0) {
-                    sink.clear();
+                while matches!(stdin.read_line(&mut line), Ok(n) if n > 0) {
+                    if line.trim() == DRAIN_LINE {
+                        let _ = tx.send(StopRequest::Drain);
+                        return;
+                    }
+                    line.clear();
                 }
-                let _ = tx.send(());
+                let _ = tx.send(StopRequest::Now);
             });
-        if spawned.is_ok() {
-            let _ = rx.await;
+        match spawned {
+            Ok(_) => rx.await.unwrap_or(StopRequest::Now),
+            Err(_) => std::future::pending::<StopRequest>().await,
         }
     };
     let terminate = async {
@@ -168,7 +176,7 @@ async fn stop_request(exit_with_stdin: bool) -> StopRequest {
         std::future::pending::<()>().await
     };
     tokio::select! {
-        _ = stdin_closed => StopRequest::Now,
+        request = from_parent => request,
         _ = tokio::signal::ctrl_c() => StopRequest::Now,
         _ = terminate => StopRequest::Drain,
     }
