@@ -3,9 +3,10 @@
 //!
 //! ```text
 //!   this process: ClusterDriver (listens on --driver-listen) ◄── RegisterWorker ── sluice worker × N
-//!                      │ spawns, stdin piped                                       (children)
-//!                      └─ child stdin: "SECRET …\n" (if any), then held open ─► EOF when we exit
+//!                 ProcessWorkers (its ClusterManager) ── spawns, stdin piped ──►  (children)
 //! ```
+//!
+//! The children, their pipes and their replacement belong to `process_workers`.
 //!
 //! Invariants: a spawned worker never outlives this process: it exits when its stdin reaches end of
 //! file, which the kernel delivers however this process ends (exit, panic, SIGKILL); the cluster

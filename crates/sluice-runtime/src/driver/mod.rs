@@ -11,7 +11,9 @@
 //!                                       CleanUpJob; output commands
 //! ```
 //!
-//! Modules: `actor` (event handling and the scheduler's actions), `job` (per-job state),
+//! Modules: `actor` (event handling and the scheduler's actions; `reports`, `membership` and
+//! `dispatch` inside it), `registry` (membership, liveness and slots of the workers), `journal`
+//! (the one transition hook: counters, notices, records), `job` (per-job state),
 //! `definitions` (the pure task-definition builder), `placement` (pure slot assignment), `shipping`
 //! (each stage's plan, once per job), `output` (the job output forwarder), `progress`, `label`
 //! (who asked for a job).

@@ -12,7 +12,6 @@ use super::DriverActor;
 use crate::driver::definitions::task_definition;
 use crate::driver::job::JobEntry;
 use crate::driver::journal::Transition;
-use crate::driver::output::OutputCommand;
 use crate::driver::placement::{Location, Placement, PlacementView, next_region, place};
 use crate::driver::{DriverEvent, JobState};
 use crate::error::{ErrorKind, RemoteError};
@@ -96,14 +95,7 @@ impl DriverActor {
                                 waited.as_secs_f64()
                             ),
                         );
-                        self.record(Transition::JobEnded {
-                            job,
-                            state: JobState::Failed,
-                            error: Some(error.to_string()),
-                        });
-                        if let Some(entry) = self.jobs.get(&job) {
-                            let _ = entry.output.send(OutputCommand::Finish(Err(error)));
-                        }
+                        self.end_job(job, JobState::Failed, error);
                     }
                     let actions = self.scheduler.cancel_job(job);
                     self.perform(actions);

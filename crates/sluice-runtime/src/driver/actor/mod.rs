@@ -240,7 +240,7 @@ impl DriverActor {
     fn cancel_on_request(&mut self, job: JobId, why: &str) -> bool {
         let Some(entry) = self
             .jobs
-            .get_mut(&job)
+            .get(&job)
             .filter(|entry| entry.phase == JobPhase::Running)
         else {
             return false;
@@ -399,14 +399,7 @@ impl DriverActor {
                 }
                 SchedulerAction::JobFailed { job, failure } => {
                     let error = self.job_error(job, &failure);
-                    self.record(Transition::JobEnded {
-                        job,
-                        state: JobState::Failed,
-                        error: Some(error.to_string()),
-                    });
-                    if let Some(entry) = self.jobs.get(&job) {
-                        let _ = entry.output.send(OutputCommand::Finish(Err(error)));
-                    }
+                    self.end_job(job, JobState::Failed, error);
                 }
                 SchedulerAction::CleanUpJob { job } => {
                     let deferred =
@@ -427,6 +420,19 @@ impl DriverActor {
                     }
                 }
             }
+        }
+    }
+
+    /// Ends running job `job` in `state` with `error`: its record says so and its output ends with
+    /// the error.
+    fn end_job(&mut self, job: JobId, state: JobState, error: DataFusionError) {
+        self.record(Transition::JobEnded {
+            job,
+            state,
+            error: Some(error.to_string()),
+        });
+        if let Some(entry) = self.jobs.get(&job) {
+            let _ = entry.output.send(OutputCommand::Finish(Err(error)));
         }
     }
 
