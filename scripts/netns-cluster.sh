@@ -43,6 +43,10 @@ set -euo pipefail
 BIN_OVERRIDE="${SLUICE_BIN:-}"
 unset SLUICE_BIN
 PREFIX="${NETNS_PREFIX:-sln}"
+[[ "$PREFIX" =~ ^[a-z][a-z0-9]{0,7}$ ]] || {
+    echo "netns-cluster: NETNS_PREFIX must be 1 to 8 lower-case letters and digits" >&2
+    exit 1
+}
 HUB="$PREFIX-hub"
 SUBNET=10.231.0
 DRIVER_ADDRESS="$SUBNET.1"
@@ -181,11 +185,13 @@ start_workers() {
     shift
     local bin i ns
     bin="$(sluice_bin)"
+    local shared
+    shared="$(secret)" || die "cannot make the cluster secret in $STATE"
     for i in $(seq "$count"); do
         ns="$(worker_ns "$i")"
         ip netns list | awk '{print $1}' | grep -qx "$ns" || die "no namespace $ns: run up first"
         # A private /tmp: the worker's spill files and blocking outputs stay its own.
-        SLUICE_SECRET="$(secret)" setsid ip netns exec "$ns" unshare --mount --propagation private \
+        SLUICE_SECRET="$shared" setsid ip netns exec "$ns" unshare --mount --propagation private \
             sh -c 'mount -t tmpfs sluice-tmp /tmp && exec "$@"' sh \
             "$bin" worker --driver "$DRIVER_ADDRESS:$DRIVER_PORT" \
             --listen "$(worker_address "$i"):0" "$@" \
@@ -197,10 +203,11 @@ start_workers() {
 
 driver() {
     need_root
-    local count bin
+    local count bin shared
     count="$(cat "$STATE/workers" 2> /dev/null)" || die "run up first"
     bin="$(sluice_bin)"
-    SLUICE_SECRET="$(secret)" ip netns exec "$PREFIX-drv" "$bin" "$@" --mode cluster \
+    shared="$(secret)" || die "cannot make the cluster secret in $STATE"
+    SLUICE_SECRET="$shared" ip netns exec "$PREFIX-drv" "$bin" "$@" --mode cluster \
         --workers 0 --min-workers "$count" --driver-listen "$DRIVER_ADDRESS:$DRIVER_PORT"
 }
 
@@ -219,8 +226,10 @@ heal() {
 pair() {
     need_root
     local verb="$1" i="$2" j="$3"
-    ip -n "$(worker_ns "$i")" route "$verb" blackhole "$(worker_address "$j")/32"
-    ip -n "$(worker_ns "$j")" route "$verb" blackhole "$(worker_address "$i")/32"
+    ip -n "$(worker_ns "$i")" route "$verb" blackhole "$(worker_address "$j")/32" ||
+        die "route $verb in worker $i failed"
+    ip -n "$(worker_ns "$j")" route "$verb" blackhole "$(worker_address "$i")/32" ||
+        die "route $verb in worker $j failed"
 }
 
 status() {
@@ -244,10 +253,13 @@ run() {
     done
     [ "${1:-}" = "--" ] || die "run N [--rate RATE] -- SLUICE-ARGS..."
     shift
-    trap down EXIT
-    up "$count" "${up_args[@]}"
+    # Removed however the run ends; the driver's exit code is the script's.
+    trap 'down || true' EXIT
+    up "$count" ${up_args[@]+"${up_args[@]}"}
     start_workers "$count"
-    driver "$@"
+    local code=0
+    driver "$@" || code=$?
+    return "$code"
 }
 
 command="${1:-}"
@@ -260,8 +272,14 @@ driver) driver "$@" ;;
 run) run "$@" ;;
 cut) cut "${1:?cut needs a worker number}" ;;
 heal) heal "${1:?heal needs a worker number}" ;;
-cut-pair) pair add "${1:?cut-pair I J}" "${2:?cut-pair I J}" && echo "netns-cluster: workers $1 and $2 cut from each other" ;;
-heal-pair) pair del "${1:?heal-pair I J}" "${2:?heal-pair I J}" && echo "netns-cluster: workers $1 and $2 reach each other again" ;;
+cut-pair)
+    pair add "${1:?cut-pair I J}" "${2:?cut-pair I J}"
+    echo "netns-cluster: workers $1 and $2 cut from each other"
+    ;;
+heal-pair)
+    pair del "${1:?heal-pair I J}" "${2:?heal-pair I J}"
+    echo "netns-cluster: workers $1 and $2 reach each other again"
+    ;;
 exec)
     ns="${1:?exec NAME CMD...}"
     shift

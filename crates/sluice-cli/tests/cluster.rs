@@ -270,6 +270,17 @@ fn the_process_cluster_manager_starts_drains_and_stops_worker_processes() {
         manager.drain(workers[1].id).await.unwrap();
         let left = until_workers(&cluster, 1).await;
         assert_eq!(left[0].id, workers[0].id);
+        // It drained (the driver heard so) and left, rather than stopping at once.
+        let notices = cluster.driver().take_notices().await.unwrap();
+        let second = format!("{} ({})", workers[1].id, workers[1].address);
+        assert!(
+            notices.contains(&format!("{second} is draining")),
+            "{notices:?}"
+        );
+        assert!(
+            notices.contains(&format!("{second} lost: it drained and left")),
+            "{notices:?}"
+        );
         assert_eq!(
             wait_until_gone(&pids[1..], Duration::from_secs(10)),
             Vec::<u32>::new()

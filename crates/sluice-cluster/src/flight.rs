@@ -271,9 +271,11 @@ const FETCH_RETRY_PAUSE: Duration = Duration::from_millis(100);
 const FETCH_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// Opens the `DoGet` call of stream `id` at `address`, making it again (with backoff, within
-/// [`FETCH_RETRY_WINDOW`]) while the call fails before it reaches the worker: no connection, or
-/// no answer. A call the worker answered, with a stream or an error, is never made twice, so a
-/// take-once stream is taken at most once. Each retry is logged and counted in `retries`.
+/// [`FETCH_RETRY_WINDOW`]) while the call fails before the worker answered it: no connection, or
+/// no answer. A call the worker answered, with a stream or an error, is never made twice. A call
+/// whose connection broke while the worker waited for its stream to be written may have taken it:
+/// made again, it then fails as a second take (an answer naming the stream), which fails the
+/// read, never a read of part of the stream. Each retry is logged and counted in `retries`.
 async fn do_get_patiently(
     link: &ClusterLink,
     address: &str,
@@ -286,6 +288,7 @@ async fn do_get_patiently(
     };
     let started = tokio::time::Instant::now();
     let mut pause = FETCH_RETRY_PAUSE;
+    let mut tries = 0_u32;
     loop {
         // One connection per stream: a stream its reader has not reached yet (a join's probe
         // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
@@ -300,7 +303,7 @@ async fn do_get_patiently(
         let waited = started.elapsed();
         if peer_answered(&status) || waited + pause > FETCH_RETRY_WINDOW {
             let mut error = from_status_at(&status, what, address);
-            if retries.count() > 0 && !peer_answered(&status) {
+            if tries > 0 && !peer_answered(&status) {
                 error.message = format!(
                     "{} (tried for {:.1} s)",
                     error.message,
@@ -318,6 +321,7 @@ async fn do_get_patiently(
             pause.as_millis()
         );
         retries.record(failure);
+        tries += 1;
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(FETCH_RETRY_PAUSE_MAX);
     }
@@ -373,6 +377,7 @@ mod tests {
     use datafusion::arrow::datatypes::{Field, Schema};
 
     use super::*;
+    use crate::auth::ClusterSecret;
 
     /// Encodes `batch` as the Flight service does and decodes it as the fetcher does.
     async fn through_flight(batch: RecordBatch) -> Vec<RecordBatch> {
@@ -497,5 +502,49 @@ mod tests {
         let compact = compact_views(batch.clone()).unwrap();
         assert!(held(&compact) < 100, "{}", held(&compact));
         assert_eq!(compact, batch);
+    }
+
+    /// A port nothing listens on (bound, then released).
+    fn closed_port() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        address
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_reaches_no_worker_is_made_again_with_backoff_within_its_window() {
+        let link = ClusterLink::new(ClusterSecret::random().unwrap(), None);
+        let address = closed_port();
+        let id = sluice_planner::TaskStreamKey {
+            job: sluice_planner::JobId(1),
+            stage: sluice_planner::StageId(0),
+            partition: 0,
+            attempt: 0,
+            channel: 0,
+        }
+        .replica(0);
+        let retries = FetchRetries::default();
+        let what = format!("reading {id} from {address}");
+        let error = do_get_patiently(&link, &address, id, &what, &retries)
+            .await
+            .unwrap_err();
+        // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2 and 2 s (paused time): a ninth would end past
+        // the 10 s window, so the read fails after 8 retries, 9.1 s in.
+        assert_eq!(retries.count(), 8);
+        assert!(
+            retries.last().unwrap().starts_with(&what),
+            "{:?}",
+            retries.last()
+        );
+        let failure = sluice_runtime::RemoteError::of(&error);
+        assert_eq!(failure.kind, sluice_runtime::ErrorKind::Transport);
+        assert_eq!(failure.peer.as_deref(), Some(address.as_str()));
+        assert!(failure.message.starts_with(&what), "{}", failure.message);
+        assert!(
+            failure.message.ends_with("(tried for 9.1 s)"),
+            "{}",
+            failure.message
+        );
     }
 }

@@ -32,8 +32,8 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// HTTP/2 pings on every connection, answered by the peer's transport whatever its calls do: a
 /// call whose peer went silent mid-stream (a cut link) fails after the interval and the timeout,
 /// instead of waiting for TCP's retransmissions to give up.
-pub(crate) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
-pub(crate) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A tonic endpoint for `host:port`.
 pub(crate) fn endpoint(address: &str) -> Result<Endpoint> {

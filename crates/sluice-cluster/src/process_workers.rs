@@ -255,7 +255,6 @@ impl ClusterManager for ProcessWorkers {
                 .ok_or_else(|| {
                     DataFusionError::Execution(format!("no worker process registered as {worker}"))
                 })?;
-            spawned.released = true;
             let pipe = spawned.stdin.as_mut().ok_or_else(|| {
                 DataFusionError::Execution(format!("{worker} is stopping already"))
             })?;
@@ -263,7 +262,9 @@ impl ClusterManager for ProcessWorkers {
                 .and_then(|_| pipe.flush())
                 .map_err(|e| {
                     DataFusionError::Execution(format!("cannot ask {worker} to drain: {e}"))
-                })
+                })?;
+            spawned.released = true;
+            Ok(())
         })();
         futures::future::ready(asked).boxed()
     }
@@ -310,13 +311,25 @@ pub(crate) async fn supervise(
             let Some(position) = children.spawned.iter().position(|s| s.index == index) else {
                 continue;
             };
-            // One that never joined stays listed: the start reports it with what it printed.
             let joined = children.spawned[position]
                 .joined
                 .lock()
                 .map(|j| j.is_some())
                 .unwrap_or(false);
             if !joined {
+                // One of the first workers stays listed: the start reports it with what it
+                // printed. A later one (a replacement) is reaped and not replaced again, so a
+                // worker that cannot start does not loop.
+                if index > workers.context.options.workers {
+                    let failed = children.spawned.remove(position);
+                    drop(children);
+                    tracing::warn!(
+                        target: "sluice::cluster",
+                        index,
+                        "worker process {index} exited before it registered; not replaced"
+                    );
+                    drop(failed);
+                }
                 continue;
             }
             let exited = children.spawned.remove(position);

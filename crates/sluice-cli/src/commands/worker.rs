@@ -158,7 +158,8 @@ async fn stop_request(exit_with_stdin: bool) -> StopRequest {
             });
         match spawned {
             Ok(_) => rx.await.unwrap_or(StopRequest::Now),
-            Err(_) => std::future::pending::<StopRequest>().await,
+            // Without the thread the parent's end cannot be seen: stop rather than outlive it.
+            Err(_) => StopRequest::Now,
         }
     };
     let terminate = async {

@@ -144,12 +144,12 @@ impl Server {
         }
     }
 
-    /// SIGTERM, then the lines it printed while stopping.
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
+    /// SIGTERM, then the lines it printed while stopping.
     pub fn stop(mut self) -> Vec<String> {
         let pid = self.child.id().to_string();
         let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();

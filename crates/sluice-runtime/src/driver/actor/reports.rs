@@ -91,17 +91,19 @@ impl DriverActor {
     }
 
     /// A read of `report`'s attempt from the worker at `peer` failed at the connection (after the
-    /// reader's own retries). A peer whose heartbeats stopped is lost; acting on it first makes
-    /// the read's failure a consequence of the loss, not a charge to its region. A peer that
-    /// still heartbeats is only cut off from the reader (a partition, not a death): it keeps its
-    /// slots and its outputs, and the reader's failure is retried as any other.
+    /// reader's own retries). A peer without heartbeats to go by (in-process) is lost; acting on
+    /// it first makes the read's failure a consequence of the loss, not a charge to its region. A
+    /// peer that beat within the heartbeat timeout is only cut off from the reader (a partition,
+    /// not a death): it keeps its slots and its outputs, and the reader's failure is retried as
+    /// any other. (A silent one is given up by the liveness check, well within the read's own
+    /// retry window.)
     pub(super) fn unreachable_peer(
         &mut self,
         report: &TaskStatusReport,
         peer: &str,
         message: &str,
     ) {
-        let recent = self.options.heartbeat_timeout / 2;
+        let recent = self.options.heartbeat_timeout;
         let Some((worker, beats)) = self.registry.at_address(peer, report.worker, recent) else {
             return;
         };
