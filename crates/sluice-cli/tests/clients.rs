@@ -411,15 +411,40 @@ fn the_remote_cli_shows_the_servers_progress_and_ctrl_c_cancels_its_job_on_every
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Typed only once the prompt shows: input that arrives before the line editor switches the
+    // terminal to raw mode may be flushed away with the switch.
+    let mut out = shell.stdout.take().unwrap();
+    let (send, chunks) = std::sync::mpsc::channel::<String>();
+    let relay = std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buffer) {
+            if n == 0
+                || send
+                    .send(String::from_utf8_lossy(&buffer[..n]).into_owned())
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut text = String::new();
+    let started = std::time::Instant::now();
+    while !text.contains("sluice> ") {
+        assert!(started.elapsed().as_secs() < 60, "no prompt: {text:?}");
+        if let Ok(chunk) = chunks.recv_timeout(Duration::from_millis(100)) {
+            text.push_str(&chunk);
+        }
+    }
     shell
         .stdin
         .take()
         .unwrap()
         .write_all(b"select 41 + 1 as answer;\n\\q\n")
         .unwrap();
-    let output = shell.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{text}");
+    let status = shell.wait().unwrap();
+    relay.join().unwrap();
+    text.extend(chunks.try_iter());
+    assert!(status.success(), "{text}");
     assert!(
         text.contains(&format!("connected to {}", server.url)),
         "{text}"
