@@ -435,13 +435,20 @@ fn the_remote_cli_shows_the_servers_progress_and_ctrl_c_cancels_its_job_on_every
             text.push_str(&chunk);
         }
     }
-    shell
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"select 41 + 1 as answer;\n\\q\n")
-        .unwrap();
+    // Its stdin stays open until it exits (an end of file `script` sees early may cut the input).
+    let mut input = shell.stdin.take().unwrap();
+    input.write_all(b"select 41 + 1 as answer;\n").unwrap();
+    input.flush().unwrap();
+    while !text.contains("| 42     |") {
+        assert!(started.elapsed().as_secs() < 120, "no answer: {text:?}");
+        if let Ok(chunk) = chunks.recv_timeout(Duration::from_millis(100)) {
+            text.push_str(&chunk);
+        }
+    }
+    input.write_all(b"\\q\n").unwrap();
+    input.flush().unwrap();
     let status = shell.wait().unwrap();
+    drop(input);
     relay.join().unwrap();
     text.extend(chunks.try_iter());
     assert!(status.success(), "{text}");
