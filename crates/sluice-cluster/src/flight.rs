@@ -42,6 +42,7 @@ use futures::{Stream, StreamExt, TryStreamExt, stream};
 use prost::Message;
 use sluice_planner::StreamId;
 use sluice_runtime::StreamStore;
+use sluice_runtime::error::ErrorKind;
 use sluice_runtime::faults::{FaultPoint, FaultPoints};
 use sluice_runtime::transport::{FetchRetries, StreamFetcher};
 use tonic::{Request, Response, Status, Streaming};
@@ -273,9 +274,12 @@ const FETCH_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
 /// Opens the `DoGet` call of stream `id` at `address`, making it again (with backoff, within
 /// [`FETCH_RETRY_WINDOW`]) while the call fails before the worker answered it: no connection, or
 /// no answer. A call the worker answered, with a stream or an error, is never made twice. A call
-/// whose connection broke while the worker waited for its stream to be written may have taken it:
-/// made again, it then fails as a second take (an answer naming the stream), which fails the
-/// read, never a read of part of the stream. Each retry is logged and counted in `retries`.
+/// whose connection broke after it reached the worker may have taken its stream: the worker gives
+/// the stream back when it sees the connection die before the stream delivered anything (its own
+/// pings), and the store lets the next take wait for that; a stream that did deliver into the dead
+/// connection fails the call made again as a second take, which fails the read (naming the worker
+/// as unreachable), never a read of part of the stream. Each retry is logged and counted in
+/// `retries`.
 async fn do_get_patiently(
     link: &ClusterLink,
     address: &str,
@@ -301,14 +305,26 @@ async fn do_get_patiently(
             Err(status) => status,
         };
         let waited = started.elapsed();
-        if peer_answered(&status) || waited + pause > FETCH_RETRY_WINDOW {
+        let answered = peer_answered(&status);
+        if answered || waited + pause > FETCH_RETRY_WINDOW {
             let mut error = from_status_at(&status, what, address);
-            if tries > 0 && !peer_answered(&status) {
+            if tries > 0 && !answered {
                 error.message = format!(
                     "{} (tried for {:.1} s)",
                     error.message,
                     waited.as_secs_f64()
                 );
+            } else if tries > 0 && error.kind == ErrorKind::Transport {
+                // An earlier call that got no answer may have reached the worker and taken the
+                // stream before its connection died: the failure is the connection's, so the
+                // driver judges the worker as for a read that never reached it.
+                error.message = format!(
+                    "{} (after {tries} call(s) that got no answer within {:.1} s: the first may \
+                     have reached it and its answer been cut off)",
+                    error.message,
+                    waited.as_secs_f64()
+                );
+                error.peer = Some(address.to_string());
             }
             return Err(error.to_error());
         }
@@ -502,6 +518,73 @@ mod tests {
         let compact = compact_views(batch.clone()).unwrap();
         assert!(held(&compact) < 100, "{}", held(&compact));
         assert_eq!(compact, batch);
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_first_reader_went_away_before_a_batch_is_read_whole_by_the_next() {
+        use datafusion::common::runtime::SpawnedTask;
+        use datafusion::execution::runtime_env::RuntimeEnv;
+        use sluice_planner::{AttemptKey, JobId, OutputMode, StageId};
+
+        let link = ClusterLink::new(ClusterSecret::random().unwrap(), None);
+        let store = Arc::new(StreamStore::new(
+            "worker 1",
+            Arc::new(RuntimeEnv::default()),
+            Duration::from_secs(5),
+        ));
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
+        let key = AttemptKey {
+            job: JobId(1),
+            stage: StageId(0),
+            partition: 0,
+            attempt: 0,
+        };
+        let sender = store
+            .create_output(key, 1, 1, OutputMode::Pipelined, schema.clone())
+            .unwrap();
+        let (listener, address) = crate::net::bind("test", "127.0.0.1:0").await.unwrap();
+        let flight =
+            crate::auth::guarded(StreamFlightService::new(Arc::clone(&store), None), &link)
+                .unwrap();
+        let server = link
+            .server()
+            .unwrap()
+            .add_service(flight)
+            .serve_with_incoming(crate::net::incoming(listener));
+        let _serving = SpawnedTask::spawn(async move {
+            let _ = server.await;
+        });
+        let id = key.stream(0).replica(0);
+        // The first call reaches the worker, which takes the stream; its reader goes away before
+        // a batch was written (as when its connection dies).
+        let first = do_get_patiently(&link, &address, id, "first", &FetchRetries::default())
+            .await
+            .unwrap();
+        assert_eq!(store.counts().untaken_streams, 0);
+        drop(first);
+        // The worker sees the call go and gives the stream back; the next read gets all of it.
+        let given_back = async {
+            while store.counts().untaken_streams == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), given_back)
+            .await
+            .unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int32Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
+        let reading = FlightFetcher::new(link.clone())
+            .fetch(&address, id, schema)
+            .try_collect::<Vec<_>>();
+        let writing = async {
+            assert!(sender.send(0, batch.clone()).await.unwrap());
+            sender.finish();
+        };
+        let (read, ()) = tokio::join!(reading, writing);
+        assert_eq!(read.unwrap(), [batch]);
     }
 
     /// A port nothing listens on (bound, then released).

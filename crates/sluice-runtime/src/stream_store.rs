@@ -12,8 +12,12 @@
 //!
 //! Invariants:
 //! - outputs are keyed by attempt, so a retried task's streams never mix with its earlier attempts';
-//! - a pipelined stream (channel, replica) is taken at most once; a second take is an error naming
-//!   it. A blocking stream is replayable: every replica and every retried reader reads it all again;
+//! - a pipelined stream (channel, replica) is read at most once: a take lends its receiver, and a
+//!   receiver given back before it delivered anything (its reader's connection died before the
+//!   first batch: the reader tries again) returns to its slot for the next take, which waits for
+//!   a lent receiver up to [`LENT_WAIT`]; once a receiver delivered a batch, an error or its end,
+//!   a further take is a retryable error naming the stream. A blocking stream is replayable:
+//!   every replica and every retried reader reads it all again;
 //! - a take that arrives before its task created the output waits (bounded by the read timeout, then
 //!   a clear error); a take for a job already cleaned up, or an output released, fails at once;
 //! - a release (no consumer will read the rest) drops what the attempt's output still holds, now or,
@@ -27,7 +31,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use datafusion::arrow::array::RecordBatch;
@@ -55,6 +59,11 @@ const CHANNEL_CAPACITY: usize = 2;
 /// Jobs remembered as cleaned up, so late reads fail at once instead of waiting.
 const CLEANED_JOBS_KEPT: usize = 4096;
 
+/// How long a take of a pipelined stream that an earlier reader holds without having received
+/// anything waits for it to be given back: longer than a server needs to see that the earlier
+/// reader's connection died (its HTTP/2 pings go unanswered for 2 + 3 s).
+pub const LENT_WAIT: Duration = Duration::from_secs(8);
+
 /// Where a task's readers get their input streams and its writer its output channels.
 pub trait TaskStreams: fmt::Debug + Send + Sync {
     /// The stream `key` of `stage`'s output. The returned stream may connect lazily, on its first
@@ -65,9 +74,19 @@ pub trait TaskStreams: fmt::Debug + Send + Sync {
     fn take_sender(&self, stage: StageId, partition: usize) -> Result<TaskSender>;
 }
 
+/// One pipelined stream's place in its output.
+enum Slot {
+    /// Not taken yet, or given back undelivered.
+    Ready(ChannelReceiver),
+    /// Taken by a reader that has not received anything yet.
+    Lent,
+    /// Delivered to a reader: never taken again.
+    Read,
+}
+
 enum Output {
     Pipelined {
-        receivers: Vec<Option<ChannelReceiver>>,
+        receivers: Vec<Slot>,
         replicas: usize,
         schema: SchemaRef,
     },
@@ -81,7 +100,10 @@ enum Output {
 impl Output {
     fn untaken(&self) -> usize {
         match self {
-            Output::Pipelined { receivers, .. } => receivers.iter().filter(|r| r.is_some()).count(),
+            Output::Pipelined { receivers, .. } => receivers
+                .iter()
+                .filter(|slot| matches!(slot, Slot::Ready(_)))
+                .count(),
             Output::Blocking {
                 output, replicas, ..
             } => output.channels() * replicas,
@@ -126,8 +148,8 @@ impl fmt::Debug for StreamStore {
 
 /// One taken stream's receiving side.
 pub enum StreamReceiver {
-    /// A pipelined channel (taken once).
-    Pipelined(ChannelReceiver),
+    /// A pipelined channel, lent by its store until it delivers.
+    Pipelined(LentReceiver),
     /// A reader of a replayable blocking channel.
     Blocking(ReplayReader),
 }
@@ -140,6 +162,53 @@ impl StreamReceiver {
             StreamReceiver::Blocking(reader) => reader.recv().await,
         }
     }
+}
+
+/// A pipelined channel's receiver lent to one reader: dropped before it delivered anything, it goes
+/// back to its slot in the store (a reader whose connection died before its first batch reads the
+/// stream again); once it delivered, its slot is marked read.
+pub struct LentReceiver {
+    receiver: Option<ChannelReceiver>,
+    delivered: bool,
+    store: Weak<StreamStore>,
+    key: AttemptKey,
+    slot: usize,
+}
+
+impl LentReceiver {
+    async fn recv(&mut self) -> Option<Result<RecordBatch>> {
+        let item = match self.receiver.as_mut() {
+            Some(receiver) => receiver.recv().await,
+            None => None,
+        };
+        if !self.delivered {
+            self.delivered = true;
+            if let Some(store) = self.store.upgrade() {
+                store.set_slot(self.key, self.slot, Slot::Read);
+            }
+        }
+        item
+    }
+}
+
+impl Drop for LentReceiver {
+    fn drop(&mut self) {
+        if self.delivered {
+            return;
+        }
+        if let (Some(store), Some(receiver)) = (self.store.upgrade(), self.receiver.take()) {
+            store.set_slot(self.key, self.slot, Slot::Ready(receiver));
+        }
+    }
+}
+
+/// What a take found.
+enum Taken {
+    Found(SchemaRef, StreamReceiver),
+    /// The output does not exist (yet).
+    Absent,
+    /// The stream is lent to a reader that has not received anything yet.
+    Lent,
 }
 
 /// A receiver as a record-batch stream of `schema`.
@@ -200,7 +269,7 @@ impl StreamStore {
                     spill,
                 );
                 let output = Output::Pipelined {
-                    receivers: receivers.into_iter().map(Some).collect(),
+                    receivers: receivers.into_iter().map(Slot::Ready).collect(),
                     replicas,
                     schema,
                 };
@@ -256,17 +325,34 @@ impl StreamStore {
         })
     }
 
-    /// Takes stream `id`, waiting up to the read timeout for its task to create it.
-    pub async fn take(&self, id: StreamId) -> Result<(SchemaRef, StreamReceiver)> {
+    /// Takes stream `id`, waiting up to the read timeout for its task to create it (and up to
+    /// [`LENT_WAIT`] for an undelivered earlier reader to give it back).
+    pub async fn take(self: &Arc<Self>, id: StreamId) -> Result<(SchemaRef, StreamReceiver)> {
         let deadline = tokio::time::Instant::now() + self.read_timeout;
+        let mut lent_deadline = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(found) = self.try_take(id)? {
-                return Ok(found);
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let wait_until = match self.try_take(id)? {
+                Taken::Found(schema, receiver) => return Ok((schema, receiver)),
+                Taken::Absent => deadline,
+                Taken::Lent => {
+                    *lent_deadline.get_or_insert_with(|| tokio::time::Instant::now() + LENT_WAIT)
+                }
+            };
+            if tokio::time::timeout_at(wait_until, notified).await.is_err() {
+                if self.lent(id) {
+                    return Err(transport_error(format!(
+                        "{}: {id} is held by an earlier reader that received nothing and did not \
+                         give it back within {} s; a pipelined task stream is read once",
+                        self.name,
+                        LENT_WAIT.as_secs_f64()
+                    )));
+                }
+                if tokio::time::Instant::now() < deadline {
+                    continue;
+                }
                 return Err(transport_error(format!(
                     "{}: {id} did not appear within {} s (its task never started here)",
                     self.name,
@@ -274,6 +360,48 @@ impl StreamStore {
                 )));
             }
         }
+    }
+
+    /// Whether stream `id` is lent to a reader that has not received anything yet.
+    fn lent(&self, id: StreamId) -> bool {
+        let Ok(state) = self.lock() else {
+            return false;
+        };
+        match state.outputs.get(&id.attempt_key()) {
+            Some(Output::Pipelined {
+                receivers,
+                replicas,
+                ..
+            }) => matches!(
+                receivers.get(id.stream.channel * *replicas + id.replica),
+                Some(Slot::Lent)
+            ),
+            _ => false,
+        }
+    }
+
+    /// Puts `slot` of `key`'s pipelined output in `to`, if the output still exists and the slot is
+    /// lent; wakes waiting takes.
+    fn set_slot(&self, key: AttemptKey, slot: usize, to: Slot) {
+        let replaced = {
+            let Ok(mut state) = self.lock() else {
+                return;
+            };
+            match state.outputs.get_mut(&key) {
+                Some(Output::Pipelined { receivers, .. }) => match receivers.get_mut(slot) {
+                    Some(place @ Slot::Lent) => {
+                        *place = to;
+                        None
+                    }
+                    _ => Some(to),
+                },
+                _ => Some(to),
+            }
+        };
+        // A receiver that has no place any more (its output was released or removed) is dropped
+        // outside the lock.
+        drop(replaced);
+        self.changed.notify_waiters();
     }
 
     /// Stream `id` as a lazy record-batch stream of `schema`: the take happens on its first poll.
@@ -293,7 +421,7 @@ impl StreamStore {
         ))
     }
 
-    fn try_take(&self, id: StreamId) -> Result<Option<(SchemaRef, StreamReceiver)>> {
+    fn try_take(self: &Arc<Self>, id: StreamId) -> Result<Taken> {
         let mut state = self.lock()?;
         if state.cleaned.contains(&id.stream.job) {
             return Err(transport_error(format!(
@@ -308,7 +436,7 @@ impl StreamStore {
             )));
         }
         let Some(output) = state.outputs.get_mut(&id.attempt_key()) else {
-            return Ok(None);
+            return Ok(Taken::Absent);
         };
         let channel = id.stream.channel;
         match output {
@@ -324,17 +452,32 @@ impl StreamStore {
                         self.name
                     )));
                 }
-                match receivers
-                    .get_mut(channel * *replicas + id.replica)
-                    .and_then(Option::take)
-                {
-                    Some(receiver) => {
-                        Ok(Some((schema.clone(), StreamReceiver::Pipelined(receiver))))
+                let slot = channel * *replicas + id.replica;
+                let Some(place) = receivers.get_mut(slot) else {
+                    return Ok(Taken::Absent);
+                };
+                match std::mem::replace(place, Slot::Lent) {
+                    Slot::Ready(receiver) => {
+                        let lent = LentReceiver {
+                            receiver: Some(receiver),
+                            delivered: false,
+                            store: Arc::downgrade(self),
+                            key: id.attempt_key(),
+                            slot,
+                        };
+                        Ok(Taken::Found(
+                            schema.clone(),
+                            StreamReceiver::Pipelined(lent),
+                        ))
                     }
-                    None => Err(DataFusionError::Internal(format!(
-                        "{}: {id} was already read; pipelined task streams are read once",
-                        self.name
-                    ))),
+                    Slot::Lent => Ok(Taken::Lent),
+                    Slot::Read => {
+                        *place = Slot::Read;
+                        Err(transport_error(format!(
+                            "{}: {id} was already read; a pipelined task stream is read once",
+                            self.name
+                        )))
+                    }
                 }
             }
             Output::Blocking {
@@ -349,7 +492,10 @@ impl StreamStore {
                     )));
                 }
                 let reader = output.reader(channel)?;
-                Ok(Some((schema.clone(), StreamReceiver::Blocking(reader))))
+                Ok(Taken::Found(
+                    schema.clone(),
+                    StreamReceiver::Blocking(reader),
+                ))
             }
         }
     }
@@ -642,6 +788,71 @@ mod tests {
                 .await
                 .unwrap()
                 .is_empty()
+        );
+    }
+
+    async fn received(receiver: StreamReceiver) -> Result<Vec<i32>> {
+        let mut stream = receiver_stream(schema(), receiver);
+        let mut values = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .unwrap();
+            values.extend(column.values().iter().copied());
+        }
+        Ok(values)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pipelined_stream_given_back_before_it_delivered_is_taken_again_and_read_once() {
+        let store = store();
+        let sender = store
+            .create_output(key(0), 1, 1, OutputMode::Pipelined, schema())
+            .unwrap();
+        let id = key(0).stream(0).replica(0);
+        // A reader takes the stream and goes away before anything arrived (its connection died).
+        let (_, first) = store.take(id).await.unwrap();
+        assert_eq!(store.counts().untaken_streams, 0);
+        // The next take waits while it is lent, and gets it once it is given back.
+        let second = store.take(id);
+        tokio::pin!(second);
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        drop(first);
+        let (_, again) = second.await.unwrap();
+        assert!(sender.send(0, batch(&[1, 2])).await.unwrap());
+        sender.finish();
+        assert_eq!(received(again).await.unwrap(), [1, 2]);
+        // Delivered: a further take is a retryable error naming the stream.
+        let error = store.take(id).await.err().unwrap();
+        assert_eq!(ErrorKind::of(&error), ErrorKind::Transport);
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "External error: worker 1: {id} was already read; a pipelined task stream is read once"
+            )
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_take_of_a_stream_held_by_a_silent_reader_fails_after_the_lent_wait() {
+        let store = store();
+        let _sender = store
+            .create_output(key(0), 1, 1, OutputMode::Pipelined, schema())
+            .unwrap();
+        let id = key(0).stream(0).replica(0);
+        let (_, _held) = store.take(id).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let error = store.take(id).await.err().unwrap().to_string();
+        assert_eq!(started.elapsed(), LENT_WAIT);
+        assert!(
+            error.contains(&format!(
+                "worker 1: {id} is held by an earlier reader that received nothing and did not \
+                 give it back within 8 s"
+            )),
+            "{error}"
         );
     }
 
