@@ -301,8 +301,8 @@ settings! {
     /// Which algorithm partitioned equi-joins use (see [`crate::joins`]).
     joins: JoinStrategy = JoinStrategy::Auto,
         env "SLUICE_JOINS", parse parse_named, show |j| quoted(j.name()),
-        help "partitioned joins: auto (sort-merge under a memory limit, else hash), hash or \
-              sort-merge";
+        help "partitioned joins: auto (hash; under a memory limit, a query that runs out of \
+              memory runs again with sort-merge joins), hash or sort-merge";
     /// Cluster mode: where the driver listens for workers (`None`: 127.0.0.1, a free port).
     driver_listen: Option<String> = None,
         env "SLUICE_DRIVER_LISTEN", parse |t| Ok(Some(t.trim().to_string())),
@@ -639,12 +639,18 @@ impl SluiceConfig {
         Ok(())
     }
 
-    /// Whether partitioned equi-joins are planned as sort-merge joins: `joins`, given whether a
-    /// memory limit is set.
+    /// Whether partitioned equi-joins are planned as sort-merge joins from the start (`joins =
+    /// "sort-merge"`).
     pub fn sort_merge_joins(&self) -> bool {
+        self.joins.value.sort_merge()
+    }
+
+    /// Whether a query whose hash joins ran out of memory runs again with sort-merge joins (`joins
+    /// = "auto"` under a memory limit; [`crate::join_fallback`]).
+    pub fn join_fallback(&self) -> bool {
         self.joins
             .value
-            .sort_merge(self.memory_limit.value.is_some())
+            .falls_back(self.memory_limit.value.is_some())
     }
 
     /// DataFusion settings Sluice derives from its own, unless the user set them, each with what it
@@ -1010,18 +1016,18 @@ mod tests {
     fn joins_come_from_the_file_the_environment_and_follow_the_memory_limit() {
         let mut config = SluiceConfig::default();
         assert!(
-            !config.sort_merge_joins(),
+            !config.sort_merge_joins() && !config.join_fallback(),
             "auto without a memory limit: hash joins"
         );
         let file = ConfigLayer::from_toml("memory_limit = \"1G\"\n", "test.toml").unwrap();
         config.apply(file, "test.toml").unwrap();
         assert!(
-            config.sort_merge_joins(),
-            "auto under a memory limit: sort-merge joins"
+            !config.sort_merge_joins() && config.join_fallback(),
+            "auto under a memory limit: hash joins, sort-merge joins when they run out"
         );
         let env_layer = ConfigLayer::from_env(env(&[("SLUICE_JOINS", "hash")])).unwrap();
         config.apply(env_layer, "environment").unwrap();
-        assert!(!config.sort_merge_joins());
+        assert!(!config.sort_merge_joins() && !config.join_fallback());
         assert_eq!(config.joins.source, "environment");
         let text = config.to_toml(false).unwrap();
         assert!(

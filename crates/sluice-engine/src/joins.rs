@@ -7,8 +7,19 @@
 //! at a time (also spillable), so its memory is bounded by the sorts' merge reservations
 //! (`datafusion.execution.sort_spill_reservation_bytes` each, two sorts per partition) and its
 //! largest key group, not by its inputs. It gives up what only the hash join has: dynamic filters
-//! pushed into the probe side's scan, and limit pushdown. Sluice therefore follows Spark's split
-//! when memory is bounded:
+//! pushed into the probe side's scan, and limit pushdown, and it is slower (it sorts both sides:
+//! about 2.4x the hash joins' time for the 22 TPC-H queries at SF 10 under a 4 GiB limit). So the
+//! `auto` default plans hash joins and uses sort-merge joins only for a query that proved it needs
+//! them ([`crate::join_fallback`]):
+//!
+//! ```text
+//!   joins = hash        every equi-join a hash join
+//!   joins = sort-merge  partitioned joins sort-merge joins; small build sides stay hash (broadcast)
+//!   joins = auto        hash joins; under a memory limit, a query that runs out of memory before
+//!                       it returned a row is planned again as with sort-merge and run once more
+//! ```
+//!
+//! With sort-merge joins, the split follows Spark's:
 //!
 //! ```text
 //!   build side small (JoinSelection's collect-left thresholds) ─► HashJoinExec (CollectLeft: broadcast)
@@ -49,12 +60,13 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 /// The `joins` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JoinStrategy {
-    /// Hash joins without a memory limit; with one, partitioned joins are sort-merge joins.
+    /// Hash joins; under a memory limit, a query that runs out of memory before it returned a row
+    /// runs again with sort-merge joins ([`crate::join_fallback`]).
     #[default]
     Auto,
     /// Always hash joins (DataFusion's default; fastest, but a build side must fit in memory).
     Hash,
-    /// Partitioned joins are sort-merge joins even without a memory limit.
+    /// Partitioned joins are sort-merge joins, with or without a memory limit.
     SortMerge,
 }
 
@@ -68,13 +80,15 @@ impl JoinStrategy {
         }
     }
 
-    /// Whether partitioned joins become sort-merge joins, given whether memory is bounded.
-    pub fn sort_merge(self, memory_limited: bool) -> bool {
-        match self {
-            JoinStrategy::Auto => memory_limited,
-            JoinStrategy::Hash => false,
-            JoinStrategy::SortMerge => true,
-        }
+    /// Whether partitioned joins are planned as sort-merge joins from the start.
+    pub fn sort_merge(self) -> bool {
+        self == JoinStrategy::SortMerge
+    }
+
+    /// Whether a query whose hash joins run out of memory runs again with sort-merge joins,
+    /// given whether memory is bounded (unbounded, nothing runs out).
+    pub fn falls_back(self, memory_limited: bool) -> bool {
+        self == JoinStrategy::Auto && memory_limited
     }
 }
 
@@ -139,6 +153,17 @@ impl PhysicalOptimizerRule for SortMergeJoins {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Whether `plan` holds a join that [`SortMergeJoins`] would turn into a sort-merge join (the
+/// plan a fallback would change).
+pub fn has_sort_merge_candidates(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.exists(|node| {
+        Ok(node
+            .downcast_ref::<HashJoinExec>()
+            .is_some_and(converts))
+    })
+    .unwrap_or(false)
 }
 
 fn converts(join: &HashJoinExec) -> bool {
@@ -532,11 +557,14 @@ mod tests {
     }
 
     #[test]
-    fn auto_means_sort_merge_only_under_a_memory_limit() {
-        assert!(JoinStrategy::Auto.sort_merge(true));
-        assert!(!JoinStrategy::Auto.sort_merge(false));
-        assert!(!JoinStrategy::Hash.sort_merge(true));
-        assert!(JoinStrategy::SortMerge.sort_merge(false));
+    fn auto_plans_hash_joins_and_falls_back_only_under_a_memory_limit() {
+        assert!(!JoinStrategy::Auto.sort_merge());
+        assert!(JoinStrategy::Auto.falls_back(true));
+        assert!(!JoinStrategy::Auto.falls_back(false));
+        assert!(!JoinStrategy::Hash.sort_merge());
+        assert!(!JoinStrategy::Hash.falls_back(true));
+        assert!(JoinStrategy::SortMerge.sort_merge());
+        assert!(!JoinStrategy::SortMerge.falls_back(true));
         assert_eq!(
             "sort-merge".parse::<JoinStrategy>(),
             Ok(JoinStrategy::SortMerge)

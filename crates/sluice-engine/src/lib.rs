@@ -17,6 +17,7 @@
 pub mod catalog;
 pub mod config;
 pub mod error;
+pub mod join_fallback;
 pub mod joins;
 pub mod scan_balance;
 pub mod session;

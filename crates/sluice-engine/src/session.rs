@@ -37,6 +37,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
+use crate::join_fallback::{SortMergeFallback, first_run_context, with_fallback};
 use crate::joins::physical_optimizer_rules;
 use crate::scan_balance::balance_scans;
 use crate::system_tables::register_system_tables;
@@ -69,6 +70,9 @@ pub enum PlannedStatement {
         plan: Arc<dyn ExecutionPlan>,
         /// "'name' (path)" of each table it reads.
         sources: String,
+        /// What runs instead if `plan`'s hash joins run out of memory (`joins = "auto"` under a
+        /// memory limit).
+        fallback: Option<SortMergeFallback>,
     },
     /// An answer known at planning time (`EXPLAIN DISTRIBUTED`).
     Ready(RecordBatch),
@@ -116,6 +120,8 @@ pub struct SluiceSession {
     /// The configuration's [`SluiceConfig::distributed_defaults`], each with the value the session
     /// started with: a distributed plan uses the default while the session still has that value.
     distributed_defaults: Vec<(&'static str, String, String)>,
+    /// Whether a query whose hash joins run out of memory runs again with sort-merge joins.
+    join_fallback: bool,
 }
 
 impl std::fmt::Debug for SluiceSession {
@@ -154,6 +160,7 @@ impl SluiceSession {
             runner,
             tables: BTreeMap::new(),
             distributed_defaults,
+            join_fallback: config.join_fallback(),
         })
     }
 
@@ -253,18 +260,36 @@ impl SluiceSession {
         let state = self.ctx.state();
         let logical = state.statement_to_plan(statement).await?;
         let frame = self.ctx.execute_logical_plan(logical).await?;
-        self.physical_plan(frame).await
+        Ok(self.physical_plan(frame).await?.0)
     }
 
-    /// `frame`'s physical plan, prepared for the session's runner: a runner of job graphs gets
-    /// balanced scans ([`crate::scan_balance`]).
-    async fn physical_plan(&self, frame: DataFrame) -> Result<Arc<dyn ExecutionPlan>> {
-        let plan = frame.create_physical_plan().await?;
-        if self.runner.runs_job_graphs() {
-            Ok(balance_scans(plan, &self.ctx.runtime_env()).await?)
-        } else {
-            Ok(plan)
+    /// `frame`'s physical plan, prepared for the session's runner (a runner of job graphs gets
+    /// balanced scans, [`crate::scan_balance`]), and its sort-merge fallback if it has one.
+    async fn physical_plan(
+        &self,
+        frame: DataFrame,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Option<SortMergeFallback>)> {
+        let state = self.ctx.state();
+        let logical = frame.logical_plan().clone();
+        let mut plan = frame.create_physical_plan().await?;
+        let balance = self.runner.runs_job_graphs();
+        if balance {
+            plan = balance_scans(plan, &self.ctx.runtime_env()).await?;
         }
+        if !self.join_fallback {
+            return Ok((plan, None));
+        }
+        // Distributed defaults the session still holds (not `SET` since): sort-merge plans keep
+        // DataFusion's own values.
+        let options = state.config().options();
+        let resets: Vec<&str> = self
+            .distributed_defaults
+            .iter()
+            .filter(|(key, value, _)| option_value(options, key) == *value)
+            .map(|(key, _, _)| *key)
+            .collect();
+        let fallback = SortMergeFallback::of(&plan, logical, &state, &resets, balance)?;
+        Ok((plan, fallback))
     }
 
     /// Plans and starts one statement; the stream does the work as it is polled.
@@ -288,8 +313,14 @@ impl SluiceSession {
             }
         };
         let sources = self.sources_read_by(&statement);
-        let plan = self.plan_statement(statement).await?;
-        Ok(PlannedStatement::Plan { plan, sources })
+        let logical = self.ctx.state().statement_to_plan(statement).await?;
+        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let (plan, fallback) = self.physical_plan(frame).await?;
+        Ok(PlannedStatement::Plan {
+            plan,
+            sources,
+            fallback,
+        })
     }
 
     /// Starts a planned statement through the session's runner; the stream does the work as it is
@@ -316,14 +347,24 @@ impl SluiceSession {
         planned: PlannedStatement,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let (plan, sources) = match planned {
+        let (plan, sources, fallback) = match planned {
             PlannedStatement::Ready(batch) => {
                 let schema = batch.schema();
                 return Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?));
             }
-            PlannedStatement::Plan { plan, sources } => (plan, sources),
+            PlannedStatement::Plan {
+                plan,
+                sources,
+                fallback,
+            } => (plan, sources, fallback),
         };
-        let stream = self.runner.execute(plan, context)?;
+        let stream = match fallback {
+            None => self.runner.execute(plan, context)?,
+            Some(fallback) => {
+                let first = self.runner.execute(plan, first_run_context(&context))?;
+                with_fallback(first, fallback, Arc::clone(&self.runner), context)
+            }
+        };
         if sources.is_empty() {
             return Ok(stream);
         }
@@ -346,8 +387,12 @@ impl SluiceSession {
             logical = logical.with_param_values(ParamValues::from(parameters))?;
         }
         let frame = self.ctx.execute_logical_plan(logical).await?;
-        let plan = self.physical_plan(frame).await?;
-        Ok(PlannedStatement::Plan { plan, sources })
+        let (plan, fallback) = self.physical_plan(frame).await?;
+        Ok(PlannedStatement::Plan {
+            plan,
+            sources,
+            fallback,
+        })
     }
 
     /// Plans `logical`, the plan a front end made of `statement` with its own SQL front end (the
@@ -360,8 +405,12 @@ impl SluiceSession {
     ) -> Result<PlannedStatement> {
         let sources = self.sources_read_by(statement);
         let frame = self.ctx.execute_logical_plan(logical).await?;
-        let plan = self.physical_plan(frame).await?;
-        Ok(PlannedStatement::Plan { plan, sources })
+        let (plan, fallback) = self.physical_plan(frame).await?;
+        Ok(PlannedStatement::Plan {
+            plan,
+            sources,
+            fallback,
+        })
     }
 
     /// What the one statement `sql` holds would return, and the parameters it takes (`$1`, `$2`, …
@@ -421,6 +470,7 @@ impl SluiceSession {
             runner: self.runner.clone(),
             tables: self.tables.clone(),
             distributed_defaults: self.distributed_defaults.clone(),
+            join_fallback: self.join_fallback,
         })
     }
 

@@ -33,6 +33,8 @@
 //!   with a worker process that died is (the task may be what kills it), so a task that kills every
 //!   worker it lands on fails its job after `max_attempts`, the failure listing what each attempt
 //!   met;
+//! - a job accepted with [`RetryPolicy::resources_final`] fails at its first out-of-memory failure
+//!   (its front end has a cheaper plan to run instead: `joins = auto`'s sort-merge fallback);
 //! - the job fails with the first real failure, never with the cancellations it caused;
 //! - a region whose output already reached the caller is retried like any other: the job output
 //!   skips what the caller already has and proves that the retry reproduced it (`driver::output`);
@@ -57,6 +59,37 @@ pub enum TaskStatus {
     Failed(RemoteError),
     /// Stopped on its worker.
     Canceled,
+}
+
+/// How a job's failures are retried, beyond `max_attempts`; travels with the job's session
+/// config as an extension.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// An out-of-memory failure fails the job at once instead of running its region again.
+    pub resources_final: bool,
+}
+
+impl RetryPolicy {
+    /// The policy `config` carries (the default when none).
+    pub fn of(config: &datafusion::prelude::SessionConfig) -> Self {
+        config
+            .get_extension::<RetryPolicy>()
+            .map(|policy| *policy)
+            .unwrap_or_default()
+    }
+
+    /// `config` carrying this policy.
+    pub fn attach(
+        self,
+        config: datafusion::prelude::SessionConfig,
+    ) -> datafusion::prelude::SessionConfig {
+        config.with_extension(Arc::new(self))
+    }
+
+    /// Whether a failure of `kind` may run its region again.
+    fn retries(self, kind: ErrorKind) -> bool {
+        kind.is_retryable() && !(self.resources_final && kind == ErrorKind::ResourcesExhausted)
+    }
 }
 
 /// Why a job failed.
@@ -186,6 +219,7 @@ enum RegionState {
 #[derive(Debug)]
 struct Job {
     graph: Arc<JobGraph>,
+    policy: RetryPolicy,
     regions: Vec<RegionState>,
     /// Last sequence number seen per task attempt.
     sequences: HashMap<TaskAttempt, u64>,
@@ -268,9 +302,19 @@ impl JobScheduler {
 
     /// Accepts a job: returns its id and the regions to start now.
     pub fn accept_job(&mut self, graph: Arc<JobGraph>) -> (JobId, Vec<SchedulerAction>) {
+        self.accept_job_with(graph, RetryPolicy::default())
+    }
+
+    /// [`Self::accept_job`] for a job whose failures are retried by `policy`.
+    pub fn accept_job_with(
+        &mut self,
+        graph: Arc<JobGraph>,
+        policy: RetryPolicy,
+    ) -> (JobId, Vec<SchedulerAction>) {
         let job_id = JobId(self.next_job);
         self.next_job += 1;
         let job = Job {
+            policy,
             regions: vec![RegionState::Waiting; graph.topology().regions().len()],
             next_attempt: vec![0; graph.topology().regions().len()],
             graph,
@@ -592,7 +636,7 @@ impl JobScheduler {
             "attempt {attempt}: stage {} partition {}: {first_line}",
             failed.task.stage, failed.task.partition
         ));
-        let retry = error.kind.is_retryable() && failures < max_attempts;
+        let retry = state.policy.retries(error.kind) && failures < max_attempts;
         if retry {
             let region_tasks = state.region_tasks(region);
             let mut actions = Vec::new();

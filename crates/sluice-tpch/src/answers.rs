@@ -45,6 +45,9 @@ pub struct Answer {
     pub rows: Vec<Vec<String>>,
     /// How each column is compared (missing entries compare by value).
     pub rules: Vec<CellRule>,
+    /// The columns the rows are ordered by, if rows that tie on them may come in any order (see
+    /// [`compare`]); `None`: every row in order.
+    pub order_keys: Option<Vec<usize>>,
 }
 
 /// Parses `|`-separated answer text: a header line, then one line per row.
@@ -57,6 +60,7 @@ pub fn parse_answer(text: &str) -> Answer {
         columns,
         rows,
         rules: Vec::new(),
+        order_keys: None,
     }
 }
 
@@ -68,6 +72,7 @@ pub fn official_answer(number: u8) -> Result<Answer> {
     if number == 11 {
         answer.rules = vec![CellRule::RightAlignedPrefix { width: 6, keep: 4 }];
     }
+    answer.order_keys = Some(order_keys(number));
     Ok(answer)
 }
 
@@ -110,7 +115,66 @@ pub fn cell_matches(expected: &str, actual: &str) -> bool {
     }
 }
 
+/// The output columns each TPC-H query orders by (its `ORDER BY`, as positions in its result),
+/// most significant first; empty for the one-row queries.
+pub fn order_keys(number: u8) -> Vec<usize> {
+    match number {
+        1 => vec![0, 1],
+        2 => vec![0, 2, 1, 3],
+        3 => vec![1, 2],
+        5 | 11 => vec![1],
+        7 => vec![0, 1, 2],
+        9 => vec![0, 1],
+        10 => vec![2],
+        13 | 21 => vec![1, 0],
+        16 => vec![3, 0, 1, 2],
+        18 => vec![4, 3],
+        4 | 8 | 12 | 15 | 20 | 22 => vec![0],
+        _ => Vec::new(),
+    }
+}
+
+/// Whether result cell `got` matches answer cell `want` of `column`, by the column's rule.
+fn cell_ok(expected: &Answer, column: usize, want: &str, got: &str) -> bool {
+    match expected.rules.get(column).copied().unwrap_or(CellRule::Value) {
+        CellRule::Value => cell_matches(want, got),
+        CellRule::RightAlignedPrefix { width, keep } => {
+            let aligned = format!("{got:>width$}");
+            aligned.get(..keep).map(str::trim) == Some(want)
+        }
+    }
+}
+
+/// The first column where `got` does not match `want`, as an error naming the row.
+fn row_mismatch(expected: &Answer, index: usize, want: &[String], got: &[String]) -> Option<String> {
+    if want.len() != got.len() {
+        return Some(format!(
+            "row {}: expected {} columns, got {}",
+            index + 1,
+            want.len(),
+            got.len()
+        ));
+    }
+    let column = (0..want.len()).find(|&c| !cell_ok(expected, c, &want[c], &got[c]))?;
+    let name = expected
+        .columns
+        .get(column)
+        .map(String::as_str)
+        .unwrap_or("?");
+    Some(format!(
+        "row {}, column {name}: expected '{}', got '{}'",
+        index + 1,
+        want[column],
+        got[column]
+    ))
+}
+
 /// Compares a result with an answer; the error says where they first differ.
+///
+/// Without `order_keys` the rows must match in order. With them, the rows must match in order on
+/// those columns, and rows that tie on every one of them (an `ORDER BY` leaves their order to the
+/// engine) may come in any order among themselves: each must match one of the answer's rows of its
+/// tie, cell by cell.
 pub fn compare(expected: &Answer, actual: &[Vec<String>]) -> Result<(), String> {
     if actual.len() != expected.rows.len() {
         return Err(format!(
@@ -119,6 +183,26 @@ pub fn compare(expected: &Answer, actual: &[Vec<String>]) -> Result<(), String> 
             actual.len()
         ));
     }
+    let Some(keys) = &expected.order_keys else {
+        for (index, (want, got)) in expected.rows.iter().zip(actual).enumerate() {
+            if let Some(mismatch) = row_mismatch(expected, index, want, got) {
+                return Err(mismatch);
+            }
+        }
+        return Ok(());
+    };
+    let key_of = |row: &[String]| -> Vec<String> {
+        keys.iter().filter_map(|&k| row.get(k).cloned()).collect()
+    };
+    let key_answer = Answer {
+        columns: keys.iter().filter_map(|&k| expected.columns.get(k).cloned()).collect(),
+        rows: Vec::new(),
+        rules: keys
+            .iter()
+            .map(|&k| expected.rules.get(k).copied().unwrap_or(CellRule::Value))
+            .collect(),
+        order_keys: None,
+    };
     for (index, (want, got)) in expected.rows.iter().zip(actual).enumerate() {
         if want.len() != got.len() {
             return Err(format!(
@@ -128,31 +212,43 @@ pub fn compare(expected: &Answer, actual: &[Vec<String>]) -> Result<(), String> 
                 got.len()
             ));
         }
-        for (column, (w, g)) in want.iter().zip(got).enumerate() {
-            let rule = expected
-                .rules
-                .get(column)
-                .copied()
-                .unwrap_or(CellRule::Value);
-            let matches = match rule {
-                CellRule::Value => cell_matches(w, g),
-                CellRule::RightAlignedPrefix { width, keep } => {
-                    let aligned = format!("{g:>width$}");
-                    aligned.get(..keep).map(str::trim) == Some(w.as_str())
+        if let Some(mismatch) = row_mismatch(&key_answer, index, &key_of(want), &key_of(got)) {
+            return Err(mismatch);
+        }
+    }
+    let mut start = 0;
+    while start < expected.rows.len() {
+        let key = key_of(&expected.rows[start]);
+        let end = (start..expected.rows.len())
+            .find(|&i| key_of(&expected.rows[i]) != key)
+            .unwrap_or(expected.rows.len());
+        let mut unmatched: Vec<usize> = (start..end).collect();
+        for index in start..end {
+            let got = &actual[index];
+            let partner = unmatched.iter().position(|&candidate| {
+                row_mismatch(expected, candidate, &expected.rows[candidate], got).is_none()
+            });
+            match partner {
+                Some(at) => {
+                    unmatched.remove(at);
                 }
-            };
-            if !matches {
-                let name = expected
-                    .columns
-                    .get(column)
-                    .map(String::as_str)
-                    .unwrap_or("?");
-                return Err(format!(
-                    "row {}, column {name}: expected '{w}', got '{g}'",
-                    index + 1
-                ));
+                None if end - start == 1 => {
+                    let mismatch = row_mismatch(expected, index, &expected.rows[index], got);
+                    return Err(mismatch.unwrap_or_default());
+                }
+                None => {
+                    return Err(format!(
+                        "row {}: {got:?} is none of the {} expected rows that tie with it on the \
+                         order columns (rows {} to {})",
+                        index + 1,
+                        end - start,
+                        start + 1,
+                        end
+                    ));
+                }
             }
         }
+        start = end;
     }
     Ok(())
 }
@@ -194,6 +290,50 @@ mod tests {
         assert!(cell_matches("1478493", "1478493"));
         assert!(!cell_matches("1478493", "1478494"));
         assert!(!cell_matches("12", "NULL"));
+    }
+
+    #[test]
+    fn rows_that_tie_on_the_order_columns_may_come_in_any_order_and_nothing_else_may() {
+        let answer = Answer {
+            order_keys: Some(vec![1]),
+            ..parse_answer("key|value\n1|9.00\n2|8.00\n3|8.00\n4|7.00\n")
+        };
+        let rows = |pairs: &[(&str, &str)]| -> Vec<Vec<String>> {
+            pairs
+                .iter()
+                .map(|(k, v)| vec![k.to_string(), v.to_string()])
+                .collect()
+        };
+        assert_eq!(
+            compare(&answer, &rows(&[("1", "9.00"), ("3", "8.00"), ("2", "8.00"), ("4", "7.00")])),
+            Ok(())
+        );
+        // Rows of different values out of order.
+        assert_eq!(
+            compare(&answer, &rows(&[("2", "8.00"), ("1", "9.00"), ("3", "8.00"), ("4", "7.00")])),
+            Err("row 1, column value: expected '9.00', got '8.00'".to_string())
+        );
+        // A tie holding a row that is not in the answer.
+        assert_eq!(
+            compare(&answer, &rows(&[("1", "9.00"), ("3", "8.00"), ("5", "8.00"), ("4", "7.00")])),
+            Err("row 3: [\"5\", \"8.00\"] is none of the 2 expected rows that tie with it on \
+                 the order columns (rows 2 to 3)"
+                .to_string())
+        );
+        // The same row twice, the other missing.
+        assert!(
+            compare(&answer, &rows(&[("1", "9.00"), ("2", "8.00"), ("2", "8.00"), ("4", "7.00")]))
+                .is_err()
+        );
+        // Without order keys every row must be in place.
+        let strict = Answer {
+            order_keys: None,
+            ..answer
+        };
+        assert_eq!(
+            compare(&strict, &rows(&[("1", "9.00"), ("3", "8.00"), ("2", "8.00"), ("4", "7.00")])),
+            Err("row 2, column key: expected '2', got '3'".to_string())
+        );
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct BenchOptions {
     pub iterations: usize,
     /// Compare each result with the official answer (scale factor 1 only).
     pub verify: bool,
+    /// Compare each result with the answer in this directory (`q01.tbl` … `q22.tbl`, the official
+    /// answers' `|`-separated form, by the same rules), at any scale factor.
+    pub answers: Option<std::path::PathBuf>,
     /// The data's scale factor.
     pub scale_factor: f64,
 }
@@ -84,7 +87,7 @@ pub struct QueryReport {
     pub min: f64,
     /// Median iteration.
     pub median: f64,
-    /// `Some(true)` when verified against the official answer.
+    /// `Some(true)` when verified against the official answer (or `--answers`).
     pub verified: Option<bool>,
     /// `Some(true)` when compared with local mode's result and equal.
     pub matches_local: Option<bool>,
@@ -257,8 +260,13 @@ async fn run_one(
     report.rows = last.iter().map(RecordBatch::num_rows).sum();
     report.min = report.seconds.iter().copied().fold(f64::INFINITY, f64::min);
     report.median = median(&report.seconds);
-    if options.verify {
-        let outcome = official_answer(number)
+    let expected = match (&options.answers, options.verify) {
+        (Some(dir), _) => Some(answer_in(dir, number)),
+        (None, true) => Some(official_answer(number)),
+        (None, false) => None,
+    };
+    if let Some(expected) = expected {
+        let outcome = expected
             .and_then(|answer| Ok((answer, format_rows(&last)?)))
             .map_err(|e| e.to_string())
             .and_then(|(answer, rows)| compare(&answer, &rows));
@@ -275,6 +283,17 @@ async fn run_one(
         }
     }
     report
+}
+
+/// The answer of query `number` in `dir` (`qNN.tbl`).
+fn answer_in(dir: &std::path::Path, number: u8) -> Result<crate::answers::Answer> {
+    let path = dir.join(format!("q{number:02}.tbl"));
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        SluiceError::invalid(format!("--answers: cannot read {}: {e}", path.display()))
+    })?;
+    let mut answer = crate::answers::parse_answer(&text);
+    answer.order_keys = Some(crate::answers::order_keys(number));
+    Ok(answer)
 }
 
 /// Runs every iteration of `query`, recording their times; `None` (with the error recorded) when

@@ -53,6 +53,7 @@ pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<E
         queries: QUERY_NUMBERS.collect(),
         iterations: args.iterations.max(1),
         verify: false,
+        answers: None,
         scale_factor,
     };
     run_and_report(

@@ -90,6 +90,12 @@ pub struct RunArgs {
     /// Compare every result with the official TPC-H answers (scale factor 1 only).
     #[arg(long)]
     pub verify: bool,
+    /// Compare every result with the answers in DIR (`q01.tbl` … `q22.tbl`: a `|`-separated
+    /// header line, then one line per row, as the official answers; numbers with a decimal point
+    /// within the TPC-H tolerances), at any scale factor: for example the answers another engine
+    /// computed over the same files (`scripts/tpch-answers-duckdb.py`).
+    #[arg(long, value_name = "DIR", conflicts_with = "verify")]
+    pub answers: Option<PathBuf>,
     /// Scale factor of the data [default: read from DIR/tpch.json].
     #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f64>,
@@ -159,6 +165,7 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
                 queries,
                 iterations: args.iterations,
                 verify: args.verify,
+                answers: args.answers.clone(),
                 scale_factor,
             };
             let json = args.json.as_deref();
@@ -318,7 +325,7 @@ pub fn run_and_report(
     )));
     bar.finish_and_clear();
     let report = report?;
-    print_report(&report, options.verify);
+    print_report(&report, options.verify || options.answers.is_some());
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| SluiceError::invalid(format!("cannot encode report: {e}")))?;

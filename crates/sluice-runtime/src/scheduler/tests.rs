@@ -302,6 +302,37 @@ fn a_user_error_fails_the_job_at_once_without_retries() {
 }
 
 #[test]
+fn out_of_memory_retries_its_region_unless_the_job_treats_it_as_final() {
+    let oom = || {
+        TaskStatus::Failed(RemoteError::new(
+            ErrorKind::ResourcesExhausted,
+            "Resources exhausted: hash join build side",
+        ))
+    };
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    let actions = scheduler.task_status(job, attempt(1, 0, 0), 2, oom()).actions;
+    assert_eq!(started(&actions).len(), 1, "{actions:?}");
+    assert_eq!(failure(&actions), None);
+
+    let policy = RetryPolicy {
+        resources_final: true,
+    };
+    let (job, _) = scheduler.accept_job_with(pipelined_job(), policy);
+    let actions = scheduler.task_status(job, attempt(1, 0, 0), 2, oom()).actions;
+    assert!(started(&actions).is_empty(), "{actions:?}");
+    let failure = failure(&actions).unwrap();
+    assert_eq!(failure.attempts, 1);
+    assert_eq!(failure.error.kind, ErrorKind::ResourcesExhausted);
+    // Other retryable failures still retry under that policy.
+    let (job, _) = scheduler.accept_job_with(pipelined_job(), policy);
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 2, transport("cut"))
+        .actions;
+    assert_eq!(started(&actions).len(), 1, "{actions:?}");
+}
+
+#[test]
 fn a_task_not_started_fails_its_attempt_unless_it_reported_already() {
     let mut scheduler = JobScheduler::new(3);
     let (job, _) = scheduler.accept_job(pipelined_job());

@@ -302,7 +302,8 @@ impl DriverActor {
             _ => None,
         };
         let label = super::JobLabel::of(&context);
-        let (job, actions) = self.scheduler.accept_job(graph.clone());
+        let policy = crate::scheduler::RetryPolicy::of(context.session_config());
+        let (job, actions) = self.scheduler.accept_job_with(graph.clone(), policy);
         let entry = JobEntry::new(
             job,
             graph,
