@@ -104,7 +104,10 @@ pub fn install(
         })?,
         Err(_) => EnvFilter::new("warn"),
     };
-    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only on a terminal: a log piped to a file or another program reads as plain text.
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let lines = match format {
         LogFormat::Text => lines.boxed(),
         LogFormat::Json => lines.json().with_current_span(true).boxed(),

@@ -458,9 +458,9 @@ fn json_queries(path: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode() {
-    // Each worker's one pool is MEMORY_LIMIT: the partitioned joins become sort-merge joins whose
-    // sorts spill to the workers' work directories; every answer must still be local mode's
-    // (which runs unlimited, with hash joins).
+    // Each worker's one pool is MEMORY_LIMIT. With `--joins sort-merge` the partitioned joins are
+    // sort-merge joins whose sorts spill to the workers' work directories; every answer must
+    // still be local mode's (which runs unlimited, with hash joins).
     const MEMORY_LIMIT: &str = "32M";
     let dir = tempfile::tempdir().unwrap();
     let data = sf01().to_str().unwrap();
@@ -480,7 +480,7 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
         Client::start(&args).finish()
     };
     let json = dir.path().join("m.json");
-    let (output, stderr) = run("auto", &json, &["--compare-local"]);
+    let (output, stderr) = run("sort-merge", &json, &["--compare-local"]);
     let stdout = text(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
@@ -506,16 +506,34 @@ fn a_memory_limited_cluster_spills_its_sort_merge_joins_and_matches_local_mode()
     }
 
     // With hash joins under the same budget, q18 spills nothing: its spills were the sorts of its
-    // sort-merge joins (and local mode plans them too under a limit, unless told otherwise).
-    let hash = dir.path().join("hash.json");
-    let (output, stderr) = run("hash", &hash, &["--query", "18"]);
-    assert!(output.status.success(), "{stderr}");
-    let queries = json_queries(&hash);
-    assert_eq!(queries[0]["query"], 18);
-    assert_eq!(queries[0]["spilled_bytes"], 0);
+    // sort-merge joins. The default (auto) plans hash joins, which fit here: no query needs the
+    // sort-merge fallback, none spills and each answers as local mode does.
+    for joins in ["hash", "auto"] {
+        let json = dir.path().join(format!("{joins}.json"));
+        let (output, stderr) = run(joins, &json, &["-q", "18", "-q", "21", "--compare-local"]);
+        let stdout = text(&output.stdout);
+        assert!(
+            output.status.success(),
+            "--joins {joins}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stdout.contains("2 passed, 0 failed"),
+            "--joins {joins}: {stdout}"
+        );
+        assert!(
+            !stderr.contains("sort-merge joins"),
+            "--joins {joins}: {stderr}"
+        );
+        let queries = json_queries(&json);
+        assert_eq!(queries[0]["query"], 18);
+        for query in &queries {
+            assert_eq!(query["spilled_bytes"], 0, "--joins {joins}: {query}");
+        }
+    }
     let explain = "EXPLAIN select count(*) from lineitem join orders on l_orderkey = o_orderkey";
     for (joins, expected) in [
-        ("auto", "SortMergeJoinExec: join_type=Inner"),
+        ("sort-merge", "SortMergeJoinExec: join_type=Inner"),
+        ("auto", "HashJoinExec: mode=Partitioned"),
         ("hash", "HashJoinExec: mode=Partitioned"),
     ] {
         let output = sluice()

@@ -1122,10 +1122,19 @@ mod tests {
             with("mode = \"local\"").distributed_defaults(),
             [(key, "10485760".to_string())]
         );
-        // Sort-merge joins bound memory; a broadcast hash join cannot spill, so the default stays.
+        // `auto` under a limit plans hash joins first, so it broadcasts as `hash` does (its
+        // sort-merge fallback plans with DataFusion's threshold: `join_fallback`).
         let limited = with("mode = \"cluster\"\nmemory_limit = \"1G\"");
-        assert_eq!(threshold(&limited), 1 << 20);
-        assert!(limited.distributed_defaults().is_empty());
+        assert_eq!(threshold(&limited), 10 << 20);
+        assert_eq!(
+            limited.distributed_defaults(),
+            [(key, "10485760".to_string())]
+        );
+        // Sort-merge joins bound memory; a broadcast hash join cannot spill, so the default stays.
+        let sort_merge_limited =
+            with("mode = \"cluster\"\nmemory_limit = \"1G\"\njoins = \"sort-merge\"");
+        assert_eq!(threshold(&sort_merge_limited), 1 << 20);
+        assert!(sort_merge_limited.distributed_defaults().is_empty());
         let hash = with("mode = \"cluster\"\nmemory_limit = \"1G\"\njoins = \"hash\"");
         assert_eq!(threshold(&hash), 10 << 20);
         let sort_merge = with("mode = \"cluster\"\njoins = \"sort-merge\"");

@@ -41,7 +41,8 @@ use crate::scan_balance::balance_scans;
 #[derive(Debug)]
 pub struct SortMergeFallback {
     logical: LogicalPlan,
-    state: SessionState,
+    /// Boxed: a session state is large, and fallbacks travel inside enums of small variants.
+    state: Box<SessionState>,
     balance_scans: bool,
 }
 
@@ -79,7 +80,7 @@ impl SortMergeFallback {
         }
         Ok(Some(Self {
             logical,
-            state,
+            state: Box::new(state),
             balance_scans,
         }))
     }

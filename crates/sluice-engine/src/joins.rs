@@ -8,7 +8,8 @@
 //! (`datafusion.execution.sort_spill_reservation_bytes` each, two sorts per partition) and its
 //! largest key group, not by its inputs. It gives up what only the hash join has: dynamic filters
 //! pushed into the probe side's scan, and limit pushdown, and it is slower (it sorts both sides:
-//! about 2.4x the hash joins' time for the 22 TPC-H queries at SF 10 under a 4 GiB limit). So the
+//! for the 22 TPC-H queries at SF 10 under a 4 GiB limit, 1.9x the hash joins' time in local mode
+//! and 2.2x on two workers; BENCHMARKS.md). So the
 //! `auto` default plans hash joins and uses sort-merge joins only for a query that proved it needs
 //! them ([`crate::join_fallback`]):
 //!
@@ -158,12 +159,8 @@ impl PhysicalOptimizerRule for SortMergeJoins {
 /// Whether `plan` holds a join that [`SortMergeJoins`] would turn into a sort-merge join (the
 /// plan a fallback would change).
 pub fn has_sort_merge_candidates(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.exists(|node| {
-        Ok(node
-            .downcast_ref::<HashJoinExec>()
-            .is_some_and(converts))
-    })
-    .unwrap_or(false)
+    plan.exists(|node| Ok(node.downcast_ref::<HashJoinExec>().is_some_and(converts)))
+        .unwrap_or(false)
 }
 
 fn converts(join: &HashJoinExec) -> bool {

@@ -136,7 +136,12 @@ pub fn order_keys(number: u8) -> Vec<usize> {
 
 /// Whether result cell `got` matches answer cell `want` of `column`, by the column's rule.
 fn cell_ok(expected: &Answer, column: usize, want: &str, got: &str) -> bool {
-    match expected.rules.get(column).copied().unwrap_or(CellRule::Value) {
+    match expected
+        .rules
+        .get(column)
+        .copied()
+        .unwrap_or(CellRule::Value)
+    {
         CellRule::Value => cell_matches(want, got),
         CellRule::RightAlignedPrefix { width, keep } => {
             let aligned = format!("{got:>width$}");
@@ -146,7 +151,12 @@ fn cell_ok(expected: &Answer, column: usize, want: &str, got: &str) -> bool {
 }
 
 /// The first column where `got` does not match `want`, as an error naming the row.
-fn row_mismatch(expected: &Answer, index: usize, want: &[String], got: &[String]) -> Option<String> {
+fn row_mismatch(
+    expected: &Answer,
+    index: usize,
+    want: &[String],
+    got: &[String],
+) -> Option<String> {
     if want.len() != got.len() {
         return Some(format!(
             "row {}: expected {} columns, got {}",
@@ -195,7 +205,10 @@ pub fn compare(expected: &Answer, actual: &[Vec<String>]) -> Result<(), String> 
         keys.iter().filter_map(|&k| row.get(k).cloned()).collect()
     };
     let key_answer = Answer {
-        columns: keys.iter().filter_map(|&k| expected.columns.get(k).cloned()).collect(),
+        columns: keys
+            .iter()
+            .filter_map(|&k| expected.columns.get(k).cloned())
+            .collect(),
         rows: Vec::new(),
         rules: keys
             .iter()
@@ -223,8 +236,7 @@ pub fn compare(expected: &Answer, actual: &[Vec<String>]) -> Result<(), String> 
             .find(|&i| key_of(&expected.rows[i]) != key)
             .unwrap_or(expected.rows.len());
         let mut unmatched: Vec<usize> = (start..end).collect();
-        for index in start..end {
-            let got = &actual[index];
+        for (index, got) in actual.iter().enumerate().take(end).skip(start) {
             let partner = unmatched.iter().position(|&candidate| {
                 row_mismatch(expected, candidate, &expected.rows[candidate], got).is_none()
             });
@@ -305,25 +317,39 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            compare(&answer, &rows(&[("1", "9.00"), ("3", "8.00"), ("2", "8.00"), ("4", "7.00")])),
+            compare(
+                &answer,
+                &rows(&[("1", "9.00"), ("3", "8.00"), ("2", "8.00"), ("4", "7.00")])
+            ),
             Ok(())
         );
         // Rows of different values out of order.
         assert_eq!(
-            compare(&answer, &rows(&[("2", "8.00"), ("1", "9.00"), ("3", "8.00"), ("4", "7.00")])),
+            compare(
+                &answer,
+                &rows(&[("2", "8.00"), ("1", "9.00"), ("3", "8.00"), ("4", "7.00")])
+            ),
             Err("row 1, column value: expected '9.00', got '8.00'".to_string())
         );
         // A tie holding a row that is not in the answer.
         assert_eq!(
-            compare(&answer, &rows(&[("1", "9.00"), ("3", "8.00"), ("5", "8.00"), ("4", "7.00")])),
-            Err("row 3: [\"5\", \"8.00\"] is none of the 2 expected rows that tie with it on \
+            compare(
+                &answer,
+                &rows(&[("1", "9.00"), ("3", "8.00"), ("5", "8.00"), ("4", "7.00")])
+            ),
+            Err(
+                "row 3: [\"5\", \"8.00\"] is none of the 2 expected rows that tie with it on \
                  the order columns (rows 2 to 3)"
-                .to_string())
+                    .to_string()
+            )
         );
         // The same row twice, the other missing.
         assert!(
-            compare(&answer, &rows(&[("1", "9.00"), ("2", "8.00"), ("2", "8.00"), ("4", "7.00")]))
-                .is_err()
+            compare(
+                &answer,
+                &rows(&[("1", "9.00"), ("2", "8.00"), ("2", "8.00"), ("4", "7.00")])
+            )
+            .is_err()
         );
         // Without order keys every row must be in place.
         let strict = Answer {
@@ -331,7 +357,10 @@ mod tests {
             ..answer
         };
         assert_eq!(
-            compare(&strict, &rows(&[("1", "9.00"), ("3", "8.00"), ("2", "8.00"), ("4", "7.00")])),
+            compare(
+                &strict,
+                &rows(&[("1", "9.00"), ("3", "8.00"), ("2", "8.00"), ("4", "7.00")])
+            ),
             Err("row 2, column key: expected '2', got '3'".to_string())
         );
     }

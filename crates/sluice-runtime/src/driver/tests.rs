@@ -917,6 +917,54 @@ async fn a_lost_workers_tasks_are_retried_on_the_others() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_worker_declared_lost_that_comes_back_registers_again_and_gets_slots() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        capacity_wait: Duration::from_secs(30),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker_at("fake:worker1", 2, Liveness::Heartbeats).await;
+    let (w2, two) = h.worker_at("fake:worker2", 2, Liveness::Heartbeats).await;
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![5])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    assert_eq!((one.runs().len(), two.runs().len()), (2, 2));
+    // Worker 2 falls silent (a cut link) and is declared lost; worker 1 keeps beating.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.driver.handle().heartbeat(w1).unwrap();
+    }
+    settle().await;
+    for key in one.runs() {
+        h.report(w1, key, 2, TaskState::Canceled);
+    }
+    let snapshot = h.snapshot().await;
+    assert_eq!(
+        (snapshot.counters.workers_lost, snapshot.waiting_regions),
+        (1, 1),
+        "{snapshot:?}"
+    );
+    // Back, its next heartbeat is refused (it is told to register again) ...
+    assert!(!beat(&h, w2, Vec::new(), 2).await);
+    // ... it registers under a new id and the waiting region runs on both workers.
+    let (w3, three) = h.worker_at("fake:worker2", 2, Liveness::Heartbeats).await;
+    assert_ne!(w3, w2);
+    settle().await;
+    let second: Vec<AttemptKey> = one.runs()[2..].to_vec();
+    assert_eq!((second.len(), three.runs().len()), (2, 2));
+    for attempt in second {
+        h.succeed(w1, attempt, 1);
+    }
+    for attempt in three.runs() {
+        h.succeed(w3, attempt, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), vec![5]);
+    let snapshot = h.snapshot().await;
+    assert_eq!(snapshot.workers.len(), 2, "{snapshot:?}");
+    assert_eq!(snapshot.busy_slots(), vec![0, 0]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn jobs_are_recorded_with_their_end_and_a_cancel_on_request_ends_the_output_saying_why() {
     use crate::driver::JobState;
     let h = Harness::new(in_process());

@@ -311,7 +311,9 @@ fn out_of_memory_retries_its_region_unless_the_job_treats_it_as_final() {
     };
     let mut scheduler = JobScheduler::new(3);
     let (job, _) = scheduler.accept_job(pipelined_job());
-    let actions = scheduler.task_status(job, attempt(1, 0, 0), 2, oom()).actions;
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 2, oom())
+        .actions;
     assert_eq!(started(&actions).len(), 1, "{actions:?}");
     assert_eq!(failure(&actions), None);
 
@@ -319,7 +321,9 @@ fn out_of_memory_retries_its_region_unless_the_job_treats_it_as_final() {
         resources_final: true,
     };
     let (job, _) = scheduler.accept_job_with(pipelined_job(), policy);
-    let actions = scheduler.task_status(job, attempt(1, 0, 0), 2, oom()).actions;
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 2, oom())
+        .actions;
     assert!(started(&actions).is_empty(), "{actions:?}");
     let failure = failure(&actions).unwrap();
     assert_eq!(failure.attempts, 1);
