@@ -56,11 +56,9 @@ fn list_tables(session: &SluiceSession) {
             names.sort();
             for name in names {
                 match session.tables().get(&name) {
-                    Some(source) => println!(
-                        "{name}  ({}, {})",
-                        source.format.name(),
-                        source.path.display()
-                    ),
+                    Some(source) => {
+                        println!("{name}  ({}, {})", source.format.name(), source.location)
+                    }
                     None => println!("{}", shown_name(&schema_name, &name)),
                 }
             }

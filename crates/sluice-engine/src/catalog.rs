@@ -6,14 +6,19 @@
 //! that unquoted SQL identifiers find them. Entries starting with `.` or `_` are ignored, like Spark's
 //! `_SUCCESS` markers. Two entries that map to one name are an error, never a silent pick.
 //!
-//! `--table NAME=PATH` names one table explicitly; PATH is a file or a directory.
+//! `--table NAME=PATH` names one table explicitly; PATH is a file or a directory. Either may be an
+//! object store's URL instead (`s3://bucket/sf1/`): [`crate::remote_tables`] applies the same rules
+//! to a listing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 
+use sluice_runtime::object_stores::is_remote;
+
 use crate::error::{Result, SluiceError};
+use crate::remote_tables;
 
 /// The file formats Sluice reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +54,9 @@ impl TableFormat {
 pub struct TableSource {
     /// The SQL name.
     pub name: String,
-    /// A file, or a directory of files.
-    pub path: PathBuf,
+    /// A file or a directory of files: a local path, or a URL of an object store (a directory's
+    /// URL ends with `/`).
+    pub location: String,
     /// The format of every file.
     pub format: TableFormat,
     /// The extension of the files to read (with the leading dot), e.g. `.parquet`.
@@ -127,13 +133,13 @@ pub fn table_at(name: &str, path: &Path) -> Result<TableSource> {
     let (format, extension) = if metadata.is_dir() {
         directory_format(path)?.ok_or_else(|| SluiceError::Table {
             name: name.to_string(),
-            path: path.to_path_buf(),
+            location: path.display().to_string(),
             message: "the directory holds no .parquet or .csv files".into(),
         })?
     } else {
         let format = TableFormat::from_path(path).ok_or_else(|| SluiceError::Table {
             name: name.to_string(),
-            path: path.to_path_buf(),
+            location: path.display().to_string(),
             message: "cannot tell the format: name the file *.parquet or *.csv".into(),
         })?;
         let extension = path
@@ -145,15 +151,15 @@ pub fn table_at(name: &str, path: &Path) -> Result<TableSource> {
     };
     Ok(TableSource {
         name: name.to_string(),
-        path: path.to_path_buf(),
+        location: path.display().to_string(),
         format,
         extension,
     })
 }
 
-/// Parses `NAME=PATH` as given to `--table`.
-pub fn parse_table_arg(arg: &str) -> Result<TableSource> {
-    let (name, path) = arg
+/// Splits `NAME=LOCATION` as given to `--table`, checking the name.
+fn split_table_arg(arg: &str) -> Result<(&str, &str)> {
+    let (name, location) = arg
         .split_once('=')
         .ok_or_else(|| SluiceError::invalid(format!("--table '{arg}': expected NAME=PATH")))?;
     if name.is_empty() || table_name(name) != name {
@@ -162,7 +168,33 @@ pub fn parse_table_arg(arg: &str) -> Result<TableSource> {
             table_name(name)
         )));
     }
+    Ok((name, location))
+}
+
+/// Parses `NAME=PATH` as given to `--table`, PATH a local file or directory.
+pub fn parse_table_arg(arg: &str) -> Result<TableSource> {
+    let (name, path) = split_table_arg(arg)?;
     table_at(name, Path::new(path))
+}
+
+/// The table `--table NAME=LOCATION` names: a local path, or an object store's URL (listed with
+/// `ctx`'s object stores, [`crate::remote_tables`]).
+pub async fn resolve_table_arg(ctx: &SessionContext, arg: &str) -> Result<TableSource> {
+    let (name, location) = split_table_arg(arg)?;
+    if is_remote(location) {
+        remote_tables::table_at_url(ctx, name, location).await
+    } else {
+        table_at(name, Path::new(location))
+    }
+}
+
+/// Every table under `location` (`--data`): a local directory, or an object store's prefix.
+pub async fn discover_tables_at(ctx: &SessionContext, location: &str) -> Result<Vec<TableSource>> {
+    if is_remote(location) {
+        remote_tables::discover_tables_at_url(ctx, location).await
+    } else {
+        discover_tables(Path::new(location))
+    }
 }
 
 /// Every table in `dir`, by the rules in this module's docs.
@@ -197,7 +229,7 @@ pub fn discover_tables(dir: &Path) -> Result<Vec<TableSource>> {
             };
             TableSource {
                 name,
-                path: path.clone(),
+                location: path.display().to_string(),
                 format,
                 extension,
             }
@@ -207,9 +239,7 @@ pub fn discover_tables(dir: &Path) -> Result<Vec<TableSource>> {
         if let Some(previous) = tables.get(&source.name) {
             return Err(SluiceError::invalid(format!(
                 "{} and {} both make table '{}': rename one or use --table",
-                previous.path.display(),
-                source.path.display(),
-                source.name
+                previous.location, source.location, source.name
             )));
         }
         tables.insert(source.name.clone(), source);
@@ -226,22 +256,22 @@ pub fn discover_tables(dir: &Path) -> Result<Vec<TableSource>> {
 /// Registers `source` with `ctx`, reading its schema now so that a corrupt or unreadable file is
 /// reported here, naming the table and its path.
 pub async fn register_table(ctx: &SessionContext, source: &TableSource) -> Result<()> {
-    let location = source.path.to_string_lossy().to_string();
+    let location = source.location.as_str();
     let registered = match source.format {
         TableFormat::Parquet => {
             let options = ParquetReadOptions::default().file_extension(&source.extension);
-            ctx.register_parquet(&source.name, &location, options).await
+            ctx.register_parquet(&source.name, location, options).await
         }
         TableFormat::Csv => {
             let options = CsvReadOptions::new()
                 .has_header(true)
                 .file_extension(&source.extension);
-            ctx.register_csv(&source.name, &location, options).await
+            ctx.register_csv(&source.name, location, options).await
         }
     };
     registered.map_err(|e| SluiceError::Table {
         name: source.name.clone(),
-        path: source.path.clone(),
+        location: source.location.clone(),
         message: SluiceError::from(e).to_string(),
     })
 }

@@ -32,12 +32,12 @@ pub enum SluiceError {
         source: std::io::Error,
     },
     /// A table could not be registered.
-    #[error("table '{name}' ({}): {message}", path.display())]
+    #[error("table '{name}' ({location}): {message}")]
     Table {
         /// The table's name.
         name: String,
-        /// Where its data lives.
-        path: PathBuf,
+        /// Where its data lives: a local path or a URL.
+        location: String,
         /// What went wrong.
         message: String,
     },

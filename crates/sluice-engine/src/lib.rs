@@ -19,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod join_fallback;
 pub mod joins;
+pub mod remote_tables;
 pub mod scan_balance;
 pub mod session;
 pub mod system_tables;

@@ -33,6 +33,7 @@ use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use datafusion::sql::sqlparser::parser::ParserError;
 use datafusion::sql::sqlparser::tokenizer::Token;
 use futures::{StreamExt, TryStreamExt};
+use sluice_runtime::object_stores::{ObjectStores, StoreLimits};
 
 use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
@@ -144,7 +145,8 @@ impl SluiceSession {
             .into_iter()
             .map(|(key, value)| (key, value, option_value(session_config.options(), key)))
             .collect();
-        let mut runtime = RuntimeEnvBuilder::new();
+        let mut runtime = RuntimeEnvBuilder::new()
+            .with_object_store_registry(ObjectStores::new(StoreLimits::default()).into_registry());
         if let Some(limit) = config.memory_limit.value {
             let bytes = usize::try_from(limit.0).unwrap_or(usize::MAX);
             runtime = runtime.with_memory_limit(bytes, 1.0);
@@ -192,9 +194,7 @@ impl SluiceSession {
         if let Some(previous) = self.tables.get(&source.name) {
             return Err(SluiceError::invalid(format!(
                 "table '{}' is given twice ({} and {})",
-                source.name,
-                previous.path.display(),
-                source.path.display()
+                source.name, previous.location, source.location
             )));
         }
         register_table(&self.ctx, &source).await?;
@@ -543,7 +543,7 @@ impl SluiceSession {
         references
             .iter()
             .filter_map(|reference| self.tables.get(reference.table()))
-            .map(|source| format!("'{}' ({})", source.name, source.path.display()))
+            .map(|source| format!("'{}' ({})", source.name, source.location))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -588,6 +588,8 @@ fn new_context(
             .with_physical_optimizer_rules(rules)
             .build(),
     )
+    // A quoted path or URL is a table (`select * from 's3://bucket/trips/'`), as in DuckDB.
+    .enable_url_table()
 }
 
 /// Collects a stream into a [`StatementOutput`].

@@ -17,7 +17,8 @@
 //! the same traits. [`runner`] holds the `JobRunner` trait and the local and local-graph runners;
 //! [`error`] carries errors across hops with their kind and text; [`analyze`] builds the per-stage
 //! rows `EXPLAIN ANALYZE` adds in every distributed mode; [`faults`] holds the named fault points
-//! tests fire in workers.
+//! tests fire in workers; [`object_stores`] is each process's registry of object stores, built from
+//! its own environment.
 
 pub mod analyze;
 pub mod cluster_manager;
@@ -27,6 +28,7 @@ pub mod driver;
 pub mod error;
 pub mod faults;
 mod memory;
+pub mod object_stores;
 pub mod plan;
 pub mod runner;
 pub mod scheduler;

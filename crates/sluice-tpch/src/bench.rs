@@ -13,11 +13,13 @@ use serde::Serialize;
 use sluice_runtime::DriverCounters;
 
 use crate::answers::{ANSWER_SCALE_FACTOR, compare, format_rows, official_answer};
-use crate::datagen::{TPCH_TABLES, check_scale_factor, read_manifest};
+use crate::datagen::{MANIFEST, TPCH_TABLES, check_scale_factor, parse_manifest, read_manifest};
 use crate::queries::{TpchQuery, tpch_query};
-use sluice_engine::catalog::discover_tables;
+use sluice_engine::catalog::discover_tables_at;
+use sluice_engine::remote_tables::read_object_text;
 use sluice_engine::session::{SluiceSession, collect_stream};
 use sluice_engine::{Result, SluiceError};
+use sluice_runtime::object_stores::is_remote;
 
 /// Where the benchmark runs its statements: a session of this process, or (for the CLI's
 /// `--connect`) a session on a `sluice server`.
@@ -162,7 +164,8 @@ pub async fn open_tpch_data(
     dir: &Path,
     scale_factor: Option<f64>,
 ) -> Result<f64> {
-    for source in discover_tables(dir)? {
+    let location = dir.to_string_lossy();
+    for source in discover_tables_at(session.context(), &location).await? {
         session.register_table(source).await?;
     }
     let missing: Vec<_> = TPCH_TABLES
@@ -176,7 +179,16 @@ pub async fn open_tpch_data(
             dir.display()
         )));
     }
-    let scale_factor = match (scale_factor, read_manifest(dir)?) {
+    let manifest = if is_remote(&location) {
+        let url = format!("{}/{MANIFEST}", location.trim_end_matches('/'));
+        match read_object_text(session.context(), &url).await? {
+            Some(text) => Some(parse_manifest(&text, &url)?),
+            None => None,
+        }
+    } else {
+        read_manifest(dir)?
+    };
+    let scale_factor = match (scale_factor, manifest) {
         (Some(given), _) => given,
         (None, Some(manifest)) => manifest.scale_factor,
         (None, None) => {

@@ -120,15 +120,16 @@ pub fn check_scale_factor(scale_factor: f64) -> Result<()> {
 pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
     let path = dir.join(MANIFEST);
     match std::fs::read_to_string(&path) {
-        Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
-            SluiceError::invalid(format!(
-                "{}: not a Sluice TPC-H manifest: {e}",
-                path.display()
-            ))
-        }),
+        Ok(text) => parse_manifest(&text, &path.display().to_string()).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(SluiceError::io(path, e)),
     }
+}
+
+/// Parses the manifest text read from `location`.
+pub fn parse_manifest(text: &str, location: &str) -> Result<Manifest> {
+    serde_json::from_str(text)
+        .map_err(|e| SluiceError::invalid(format!("{location}: not a Sluice TPC-H manifest: {e}")))
 }
 
 fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {

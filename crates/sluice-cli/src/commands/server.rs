@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use sluice_engine::catalog::{TableSource, discover_tables, parse_table_arg};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use sluice_server::postgres::DEFAULT_PG_LISTEN;
 use sluice_server::rest::{DEFAULT_HTTP_LISTEN, RestEndpoint};
@@ -85,7 +84,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     };
     let runner = runner_for(&config);
     let mut base = SluiceSession::new(&config, runner.clone())?;
-    for source in table_sources(&args.tables)? {
+    for source in args.tables.sources(base.context()).await? {
         let name = source.name.clone();
         if let Err(error) = base.register_table(source).await {
             eprintln!("sluice server: table '{name}' left out: {error}");
@@ -154,18 +153,6 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     }
     eprintln!("sluice server: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// The tables the arguments name; a directory that cannot be listed is an error (nothing to serve).
-fn table_sources(args: &TableArgs) -> Result<Vec<TableSource>> {
-    let mut sources = Vec::new();
-    if let Some(dir) = &args.data {
-        sources.extend(discover_tables(dir)?);
-    }
-    for arg in &args.tables {
-        sources.push(parse_table_arg(arg)?);
-    }
-    Ok(sources)
 }
 
 /// SIGTERM (registered when made) or Ctrl-C.

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
+use datafusion::prelude::SessionContext;
 use futures::StreamExt;
-use sluice_engine::catalog::{discover_tables, parse_table_arg};
+use sluice_engine::catalog::{TableSource, discover_tables_at, resolve_table_arg};
 use sluice_engine::{
     ExplainFormat, Result, SluiceConfig, SluiceError, SluiceSession, SluiceStatement,
 };
@@ -22,26 +23,35 @@ use crate::shell;
 /// Where tables come from.
 #[derive(Debug, Clone, Args)]
 pub struct TableArgs {
-    /// Directory whose *.parquet / *.csv files and sub-directories become tables named after them.
-    #[arg(long, value_name = "DIR")]
+    /// Directory whose *.parquet / *.csv files and sub-directories become tables named after them;
+    /// or an object store's prefix (s3://, gs://, az://, abfss://, http(s)://).
+    #[arg(long, value_name = "DIR|URL")]
     pub data: Option<PathBuf>,
-    /// One table from a file or a directory of files (repeatable).
-    #[arg(long = "table", value_name = "NAME=PATH")]
+    /// One table from a file or a directory of files, or an object store's URL (repeatable).
+    #[arg(long = "table", value_name = "NAME=PATH|URL")]
     pub tables: Vec<String>,
 }
 
 impl TableArgs {
     /// Registers every table these arguments name.
     pub async fn register(&self, session: &mut SluiceSession) -> Result<()> {
-        if let Some(dir) = &self.data {
-            for source in discover_tables(dir)? {
-                session.register_table(source).await?;
-            }
-        }
-        for arg in &self.tables {
-            session.register_table(parse_table_arg(arg)?).await?;
+        for source in self.sources(session.context()).await? {
+            session.register_table(source).await?;
         }
         Ok(())
+    }
+
+    /// The tables these arguments name, listed with `ctx`'s object stores where a location is a
+    /// URL; a directory or prefix that cannot be listed is an error.
+    pub async fn sources(&self, ctx: &SessionContext) -> Result<Vec<TableSource>> {
+        let mut sources = Vec::new();
+        if let Some(dir) = &self.data {
+            sources.extend(discover_tables_at(ctx, &dir.to_string_lossy()).await?);
+        }
+        for arg in &self.tables {
+            sources.push(resolve_table_arg(ctx, arg).await?);
+        }
+        Ok(sources)
     }
 
     /// A session for `config` with these tables registered.

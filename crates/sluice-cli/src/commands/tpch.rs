@@ -5,10 +5,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use sluice_engine::config::Sourced;
 use sluice_engine::joins::JoinStrategy;
+use sluice_engine::remote_tables::upload_directory;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError, SluiceSession};
 use sluice_runtime::analyze::human_bytes;
+use sluice_runtime::object_stores::{ObjectStores, StoreLimits, is_remote};
 use sluice_tpch::bench::{
     BenchEvent, BenchOptions, BenchReport, QueryReport, QueryTarget, open_tpch_data, run_benchmark,
 };
@@ -48,8 +51,9 @@ pub struct GenArgs {
     /// Scale factor (1 ≈ 1 GB of raw data, 6 million lineitem rows).
     #[arg(long, allow_negative_numbers = true)]
     pub scale: f64,
-    /// Output directory (one sub-directory per table).
-    #[arg(long, value_name = "DIR")]
+    /// Output directory (one sub-directory per table), or an object store's prefix (generated
+    /// locally, then each file uploaded once; objects of the same names are replaced).
+    #[arg(long, value_name = "DIR|URL")]
     pub out: PathBuf,
     /// Files per large table [default: max(4, 4 × SF)].
     #[arg(long, value_name = "N")]
@@ -132,14 +136,38 @@ fn remote_scale_factor(given: Option<f64>, data: Option<&Path>) -> Result<f64> {
 pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Result<ExitCode> {
     match command {
         TpchCommand::Gen(args) => {
+            let location = args.out.to_string_lossy().to_string();
+            // To an object store: generated into a local staging directory, then each file
+            // uploaded once, the manifest last.
+            let staging = if is_remote(&location) {
+                Some(tempfile::tempdir().map_err(|e| SluiceError::io(std::env::temp_dir(), e))?)
+            } else {
+                None
+            };
             let options = GenOptions {
                 scale_factor: args.scale,
-                out: args.out,
+                out: staging
+                    .as_ref()
+                    .map_or(args.out.clone(), |dir| dir.path().to_path_buf()),
                 parts: args.parts,
                 force: args.force,
                 threads: args.threads.unwrap_or_else(default_threads),
             };
             let manifest = generate_with_progress(&options)?;
+            if let Some(staging) = &staging {
+                let stores = RuntimeEnvBuilder::new()
+                    .with_object_store_registry(
+                        ObjectStores::new(StoreLimits::default()).into_registry(),
+                    )
+                    .build()?;
+                let files = runtime.block_on(upload_directory(
+                    &stores,
+                    staging.path(),
+                    &location,
+                    sluice_tpch::datagen::MANIFEST,
+                ))?;
+                eprintln!("uploaded {files} files to {location}");
+            }
             print_manifest(&manifest);
             Ok(ExitCode::SUCCESS)
         }

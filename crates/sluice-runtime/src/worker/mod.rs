@@ -45,6 +45,8 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+
+use crate::object_stores::{ObjectStores, StoreLimits};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::{AttemptKey, JobId, WorkerId};
 use std::path::PathBuf;
@@ -388,9 +390,11 @@ impl Worker {
     }
 }
 
-/// The runtime of a worker: its memory pool (shared by its tasks and its stream store) and its disk.
+/// The runtime of a worker: its memory pool (shared by its tasks and its stream store), its disk,
+/// and its object stores (built from the worker's own environment, [`crate::object_stores`]).
 fn worker_runtime(name: &str, options: &WorkerOptions) -> Result<Arc<RuntimeEnv>> {
-    let mut builder = RuntimeEnvBuilder::new();
+    let mut builder = RuntimeEnvBuilder::new()
+        .with_object_store_registry(ObjectStores::new(StoreLimits::default()).into_registry());
     if let Some(limit) = options.memory_limit {
         builder = builder.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
     }
