@@ -580,6 +580,9 @@ fn new_context(
     runtime: Arc<RuntimeEnv>,
     rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>,
 ) -> SessionContext {
+    // A config taken from a context made here says not to create the default catalog (the
+    // context it came from had one): every new context gets its own.
+    let config = config.with_create_default_catalog_and_schema(true);
     SessionContext::new_with_state(
         SessionStateBuilder::new()
             .with_config(config)
