@@ -25,44 +25,11 @@ fn python() -> PathBuf {
 }
 
 fn make_venv() -> PathBuf {
-    let requirements =
-        std::fs::read_to_string(Path::new(PYTHON_DIR).join("requirements.txt")).unwrap();
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-clients");
-    let marker = venv.join("sluice-requirements.txt");
-    let python = venv.join("bin").join("python");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(requirements.as_str()) {
-        return python;
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    let created = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .output()
-        .expect("python3 is needed for the client tests (.ci/run installs it)");
-    assert!(
-        created.status.success(),
-        "python3 -m venv failed (Debian: apt-get install python3-venv): {}",
-        String::from_utf8_lossy(&created.stderr)
-    );
-    let installed = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(Path::new(PYTHON_DIR).join("requirements.txt"))
-        .output()
-        .unwrap();
-    assert!(
-        installed.status.success(),
-        "pip could not install the pinned clients: {}",
-        String::from_utf8_lossy(&installed.stderr)
-    );
-    std::fs::write(&marker, requirements).unwrap();
-    python
+    common::pinned_venv(
+        "python-clients",
+        &Path::new(PYTHON_DIR).join("requirements.txt"),
+    )
+    .join("python")
 }
 
 /// Each TPC-H query as `qNN.sql` (`sluice tpch queries`).

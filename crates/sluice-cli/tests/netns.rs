@@ -6,6 +6,10 @@
 //! while both reach the driver (neither is lost; the run says which read failed and what was
 //! retried).
 //!
+//! A fourth runs the 22 queries over TPC-H SF 0.1 in an S3 API server (moto, in the driver's
+//! namespace on the bridge) whose only copy of the data it is: every worker reads the objects with
+//! the key from its own environment.
+//!
 //! These tests need root (network namespaces, veth, tc, mount): CI runs as root. Without it they
 //! fail, saying so. They run one at a time (one lock), each with namespaces of its own prefix.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -48,6 +52,13 @@ struct Netns {
 
 impl Netns {
     fn up(prefix: &str, workers: usize) -> Netns {
+        let netns = Netns::links_only(prefix, workers);
+        netns.start_workers(workers, &[]);
+        netns
+    }
+
+    /// The namespaces and links, no worker yet.
+    fn links_only(prefix: &str, workers: usize) -> Netns {
         require_root();
         // Generated before the workers start: they wait for their driver at most 10 s.
         sf01_dir();
@@ -57,8 +68,21 @@ impl Netns {
             state,
         };
         netns.ok(&["up", &workers.to_string(), "--rate", "200mbit"]);
-        netns.ok(&["workers", &workers.to_string()]);
         netns
+    }
+
+    /// Starts the workers with `env` added to their environment.
+    fn start_workers(&self, workers: usize, env: &[(&str, String)]) {
+        let output = self
+            .command(&["workers", &workers.to_string()])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "netns-cluster.sh workers: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -108,18 +132,24 @@ impl Netns {
     /// Starts `sluice tpch run` over SF 0.1 (q1–q22, `iterations` times, compared with local
     /// mode) as the driver.
     fn start_run(&self, iterations: usize) -> Run {
-        let data = sf01_dir().to_str().unwrap().to_string();
+        self.start_run_over(sf01_dir().to_str().unwrap(), iterations, &[])
+    }
+
+    /// Starts `sluice tpch run --data DATA` (`iterations` times, compared with local mode) as the
+    /// driver, with `env` added to its environment.
+    fn start_run_over(&self, data: &str, iterations: usize, env: &[(&str, String)]) -> Run {
         let mut child = self
             .command(&[
                 "driver",
                 "tpch",
                 "run",
                 "--data",
-                &data,
+                data,
                 "--iterations",
                 &iterations.to_string(),
                 "--compare-local",
             ])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -294,5 +324,55 @@ fn netns_cluster_keeps_two_workers_cut_from_each_other_for_8s() {
                 && log.matches(") joined the driver at ").count() == 1,
             "worker {worker} stayed registered under its first id:\n{log}"
         );
+    }
+}
+
+#[test]
+fn netns_cluster_answers_every_query_over_data_in_an_s3_server_on_the_bridge() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let netns = Netns::links_only("sls3", 3);
+    // The objects are the only copy: the local one they were uploaded from is deleted first.
+    let copy = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let local = copy.path().join("sf0.1");
+    copy_dir(sf01_dir(), &local);
+    let drv = format!("{}-drv", netns.prefix);
+    let s3 = common::s3::S3Server::start_in(
+        &["ip", "netns", "exec", &drv],
+        "10.231.0.1",
+        9000,
+        &local,
+        "sf0.1",
+    );
+    std::fs::remove_dir_all(&local).unwrap();
+    let env = s3.env_with(&s3.endpoint, &s3.secret);
+    netns.start_workers(3, &env);
+    let (success, stdout, stderr) = netns.start_run_over("s3://lake/sf0.1", 1, &env).finish();
+    assert_all_answered(success, &stdout, &stderr);
+    assert!(stdout.contains("TPC-H SF 0.1"), "{stdout}");
+    // Every worker joined and ran tasks of the run.
+    for worker in 1..=3 {
+        assert!(
+            netns.log(worker).contains(") joined the driver at "),
+            "worker {worker}: {}",
+            netns.log(worker)
+        );
+    }
+    assert!(
+        !stderr.contains(&s3.secret),
+        "the secret in the driver's output"
+    );
+}
+
+/// Copies the directory tree `from` to `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
     }
 }

@@ -1,158 +1,17 @@
-//! Tables in an object store, against a real S3 API server: `moto_server` (from a venv this test
-//! makes from the pinned `tests/python/requirements-s3.txt`) with credentials checked. Each test
-//! starts its own server on a free loopback port; `tests/python/s3_setup.py` makes an IAM user, its
-//! key and an S3 policy in the server's first three (unauthenticated) calls, then uploads TPC-H SF
-//! 0.01 with boto3 under that key. Sluice gets the key only through the standard `AWS_*`
-//! variables of each process, the way a user gives it.
+//! Tables in an object store, against a real S3 API server with credentials checked
+//! ([`common::s3`]: moto from a pinned venv). Each test starts its own server on a free loopback
+//! port, holding TPC-H SF 0.01 uploaded with boto3.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use common::s3::{S3Server, free_port};
 use common::{sluice, tpch_dir};
-
-const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-
-/// The venv with moto and boto3, made once per test binary (or again when the pins change).
-fn python_bin() -> PathBuf {
-    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    VENV.get_or_init(|| {
-        let requirements_path = Path::new(PYTHON_DIR).join("requirements-s3.txt");
-        let requirements = std::fs::read_to_string(&requirements_path).unwrap();
-        let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-s3");
-        let marker = venv.join("sluice-requirements.txt");
-        let bin = venv.join("bin");
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(requirements.as_str()) {
-            return bin;
-        }
-        let _ = std::fs::remove_dir_all(&venv);
-        let created = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .output()
-            .expect("python3 is needed for the object-store tests (.ci/run installs it)");
-        assert!(
-            created.status.success(),
-            "python3 -m venv failed: {}",
-            String::from_utf8_lossy(&created.stderr)
-        );
-        let installed = Command::new(bin.join("python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(&requirements_path)
-            .output()
-            .unwrap();
-        assert!(
-            installed.status.success(),
-            "pip could not install moto and boto3: {}",
-            String::from_utf8_lossy(&installed.stderr)
-        );
-        std::fs::write(&marker, requirements).unwrap();
-        bin
-    })
-    .clone()
-}
-
-/// A port nothing listens on (bound, then let go).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A running moto S3 server holding bucket `lake` with TPC-H SF 0.01 under `sf0.01/`; dropping it
-/// kills the server.
-struct S3Server {
-    child: Child,
-    endpoint: String,
-    key_id: String,
-    secret: String,
-}
-
-impl S3Server {
-    fn start() -> Self {
-        let bin = python_bin();
-        let port = free_port();
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let child = Command::new(bin.join("moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .env("INITIAL_NO_AUTH_ACTION_COUNT", "3")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server from the test venv");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "moto_server did not listen on {endpoint} within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut server = Self {
-            child,
-            endpoint,
-            key_id: String::new(),
-            secret: String::new(),
-        };
-        let setup = Command::new(bin.join("python"))
-            .arg(Path::new(PYTHON_DIR).join("s3_setup.py"))
-            .args([&server.endpoint, "lake", "sf0.01"])
-            .arg(tpch_dir())
-            .output()
-            .unwrap();
-        assert!(
-            setup.status.success(),
-            "s3_setup.py: {}",
-            String::from_utf8_lossy(&setup.stderr)
-        );
-        let key: serde_json::Value = serde_json::from_slice(&setup.stdout).unwrap();
-        server.key_id = key["id"].as_str().unwrap().to_string();
-        server.secret = key["secret"].as_str().unwrap().to_string();
-        server
-    }
-
-    /// `sluice` with this server's endpoint and `secret` in the standard variables.
-    fn sluice_with(&self, endpoint: &str, secret: &str) -> Command {
-        let mut command = sluice();
-        for (name, _) in std::env::vars() {
-            if name.starts_with("AWS_") {
-                command.env_remove(name);
-            }
-        }
-        command
-            .env("AWS_ACCESS_KEY_ID", &self.key_id)
-            .env("AWS_SECRET_ACCESS_KEY", secret)
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT_URL", endpoint)
-            .env("AWS_ALLOW_HTTP", "true");
-        command
-    }
-
-    fn sluice(&self) -> Command {
-        self.sluice_with(&self.endpoint, &self.secret)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

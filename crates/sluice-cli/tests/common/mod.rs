@@ -2,6 +2,8 @@
 //! environment, and TPC-H data generated once per test binary.
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,6 +35,50 @@ pub fn tpch_into(command: &str, scale: &str, dir: &Path) {
         "sluice tpch {command}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The `bin` directory of a venv in Cargo's tmp dir named `name`, with the pinned packages of
+/// `requirements` installed; made again only when the pins change. Callers make it once per test
+/// binary (two `python3 -m venv` into one directory at once break each other's `ensurepip`).
+pub fn pinned_venv(name: &str, requirements: &Path) -> PathBuf {
+    let pins = std::fs::read_to_string(requirements).unwrap();
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let marker = venv.join("sluice-requirements.txt");
+    let bin = venv.join("bin");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(pins.as_str()) {
+        return bin;
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    let created = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .expect("python3 is needed for the Python-driven tests (.ci/run installs it)");
+    assert!(
+        created.status.success(),
+        "python3 -m venv failed (Debian: apt-get install python3-venv): {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let installed = Command::new(bin.join("python"))
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(requirements)
+        .output()
+        .unwrap();
+    assert!(
+        installed.status.success(),
+        "pip could not install {}: {}",
+        requirements.display(),
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    std::fs::write(&marker, pins).unwrap();
+    bin
 }
 
 /// TPC-H SF 0.01, generated once per test binary into Cargo's tmp dir.
