@@ -77,10 +77,15 @@ pub fn table_name(raw: &str) -> String {
         .collect()
 }
 
+/// Whether a file or directory name is skipped (`.hidden`, `_SUCCESS`), locally and in stores.
+pub(crate) fn is_hidden_name(name: &str) -> bool {
+    name.starts_with('.') || name.starts_with('_')
+}
+
 fn is_hidden(path: &Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
+        .is_some_and(is_hidden_name)
 }
 
 fn read_dir_sorted(dir: &Path) -> Result<Vec<PathBuf>> {

@@ -71,7 +71,7 @@ impl SluiceError {
 }
 
 /// DataFusion wraps errors in contexts ("Error during planning: …"); keep them, but on one line.
-fn one_line(error: &DataFusionError) -> String {
+pub(crate) fn one_line(error: &dyn std::fmt::Display) -> String {
     let text = error.to_string();
     text.split('\n')
         .map(str::trim)

@@ -22,7 +22,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
-use crate::catalog::{TableFormat, TableSource, table_name};
+use crate::catalog::{TableFormat, TableSource, is_hidden_name, table_name};
 use crate::error::{Result, SluiceError};
 
 /// A prefix of one object store: the store, the URL of its root and the path under it.
@@ -59,28 +59,28 @@ impl Prefix {
 /// The store's error as one line; an S3-style XML error body shrinks to its code and message.
 fn one_line(error: &dyn std::fmt::Display) -> String {
     let text = error.to_string();
-    let text = match text.find("<?xml") {
-        Some(start) => {
-            let tag = |name: &str| {
-                let open = format!("<{name}>");
-                let from = text.find(&open)? + open.len();
-                let to = text[from..].find(&format!("</{name}>"))? + from;
-                Some(text[from..to].to_string())
-            };
-            let body = [tag("Code"), tag("Message")]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join(": ");
-            format!("{}{body}", &text[..start])
-        }
-        None => text,
+    let Some(start) = text.find("<?xml") else {
+        return crate::error::one_line(&text);
     };
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let from = text.find(&open)? + open.len();
+        let to = text[from..].find(&format!("</{name}>"))? + from;
+        Some(text[from..to].to_string())
+    };
+    let body = [tag("Code"), tag("Message")]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(": ");
+    crate::error::one_line(&format!("{}{body}", &text[..start]))
 }
 
-fn is_hidden(part: &str) -> bool {
-    part.starts_with('.') || part.starts_with('_')
+/// `.ext` of an object's name, empty without one.
+fn dotted_extension(path: &ObjectPath) -> String {
+    path.extension()
+        .map(|e| format!(".{e}"))
+        .unwrap_or_default()
 }
 
 fn format_of(path: &ObjectPath) -> Option<TableFormat> {
@@ -104,7 +104,10 @@ async fn prefix_format(
         let Some(relative) = object.location.prefix_match(path) else {
             continue;
         };
-        if relative.into_iter().any(|part| is_hidden(part.as_ref())) {
+        if relative
+            .into_iter()
+            .any(|part| is_hidden_name(part.as_ref()))
+        {
             continue;
         }
         if let (Some(format), Some(ext)) =
@@ -145,11 +148,7 @@ pub async fn table_at_url(ctx: &SessionContext, name: &str, location: &str) -> R
             .head(&prefix.path)
             .await
             .map_err(|e| failed(one_line(&e)))?;
-        let extension = prefix
-            .path
-            .extension()
-            .map(|e| format!(".{e}"))
-            .unwrap_or_default();
+        let extension = dotted_extension(&prefix.path);
         return Ok(TableSource {
             name: name.to_string(),
             location: location.to_string(),
@@ -196,7 +195,7 @@ pub async fn discover_tables_at_url(
         let Some(file) = object.location.filename() else {
             continue;
         };
-        let Some(format) = format_of(&object.location).filter(|_| !is_hidden(file)) else {
+        let Some(format) = format_of(&object.location).filter(|_| !is_hidden_name(file)) else {
             continue;
         };
         let stem = file.rsplit_once('.').map_or(file, |(stem, _)| stem);
@@ -204,17 +203,13 @@ pub async fn discover_tables_at_url(
             name: table_name(stem),
             location: prefix.url_of(&object.location, false),
             format,
-            extension: object
-                .location
-                .extension()
-                .map(|e| format!(".{e}"))
-                .unwrap_or_default(),
+            extension: dotted_extension(&object.location),
         })?;
     }
     let mut directories = listing.common_prefixes;
     directories.sort();
     for directory in directories {
-        let Some(dir_name) = directory.filename().filter(|n| !is_hidden(n)) else {
+        let Some(dir_name) = directory.filename().filter(|n| !is_hidden_name(n)) else {
             continue;
         };
         let Some((format, extension)) = prefix_format(&prefix, &directory, location).await? else {
