@@ -36,6 +36,9 @@
 //! - a job accepted with [`RetryPolicy::resources_final`] fails at its first out-of-memory failure
 //!   (its front end has a cheaper plan to run instead: `joins = auto`'s sort-merge fallback);
 //! - the job fails with the first real failure, never with the cancellations it caused;
+//! - once every final-stage task has succeeded, the job's answer is complete (each read its inputs
+//!   to their end markers): a later failure or loss of another task stops what still runs and
+//!   the job succeeds, never retrying a region whose work (or write) is already delivered;
 //! - a region whose output already reached the caller is retried like any other: the job output
 //!   skips what the caller already has and proves that the retry reproduced it (`driver::output`);
 //! - job ids come from here, one sequence per driver; a finished job (succeeded, failed or cancelled)
@@ -253,6 +256,27 @@ impl Job {
             }
             RegionState::Waiting => None,
         }
+    }
+
+    /// Whether every task of the final stage has succeeded in its region's current attempt. Each
+    /// ended only after reading every input to its end marker (or not needing the rest), so the
+    /// job's answer is complete whatever the other tasks still do.
+    fn final_stage_complete(&self) -> bool {
+        let final_stage = self.graph.final_stage();
+        let Some(stage) = self.graph.stage(final_stage) else {
+            return false;
+        };
+        (0..stage.partitions()).all(|partition| {
+            let task = TaskId {
+                stage: final_stage,
+                partition,
+            };
+            match self.region_of(task).and_then(|r| self.regions.get(r.0)) {
+                Some(RegionState::Succeeded { .. }) => true,
+                Some(RegionState::Running { remaining, .. }) => !remaining.contains(&task),
+                _ => false,
+            }
+        })
     }
 
     fn running_attempts(&self) -> Vec<TaskAttempt> {
@@ -617,6 +641,23 @@ impl JobScheduler {
         let RegionState::Running { attempt, remaining } = &state.regions[region.0] else {
             return Vec::new();
         };
+        if state.final_stage_complete() {
+            // The answer is complete: running the region again could only repeat work already
+            // delivered (and a write's side effects). What still runs is stopped.
+            let mut running = state.running_attempts();
+            running.retain(|t| *t != failed);
+            self.jobs.remove(&job);
+            let mut actions = Vec::new();
+            if !running.is_empty() {
+                actions.push(SchedulerAction::StopTasks {
+                    job,
+                    tasks: running,
+                });
+            }
+            actions.push(SchedulerAction::JobSucceeded { job });
+            actions.push(SchedulerAction::CleanUpJob { job });
+            return actions;
+        }
         let attempt = *attempt;
         let others: Vec<TaskAttempt> = remaining
             .iter()

@@ -585,3 +585,75 @@ fn outputs_lost_after_every_reader_finished_change_nothing() {
     assert_eq!(scheduler.outputs_lost(job, &[task(0, 1)]), []);
     assert_eq!(scheduler.outputs_lost(JobId(99), &[task(0, 1)]), []);
 }
+
+#[test]
+fn a_failure_after_every_final_task_succeeded_ends_the_job_as_succeeded_without_a_retry() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    for partition in 0..2 {
+        scheduler.task_status(job, attempt(1, partition, 0), 2, TaskStatus::Succeeded);
+    }
+    scheduler.task_status(job, attempt(0, 0, 0), 2, TaskStatus::Succeeded);
+    // Producer 0/1's final report is lost after both readers read its end marker: the answer
+    // (and any write the final stage made) is complete, so nothing runs again.
+    let actions = scheduler.task_lost(
+        job,
+        attempt(0, 1, 0),
+        RemoteError::new(ErrorKind::Transport, "worker 2 does not know it"),
+        WorkerLoss::Forgotten,
+    );
+    assert_eq!(
+        actions,
+        [
+            SchedulerAction::JobSucceeded { job },
+            SchedulerAction::CleanUpJob { job }
+        ]
+    );
+    assert_eq!(scheduler.active_jobs(), 0);
+}
+
+#[test]
+fn a_failure_while_one_final_task_still_runs_retries_the_region_and_stops_the_rest() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    scheduler.task_status(job, attempt(1, 0, 0), 2, TaskStatus::Succeeded);
+    let actions = scheduler
+        .task_status(job, attempt(0, 1, 0), 2, transport("peer gone"))
+        .actions;
+    assert_eq!(
+        started(&actions),
+        [vec![
+            attempt(0, 0, 1),
+            attempt(0, 1, 1),
+            attempt(1, 0, 1),
+            attempt(1, 1, 1)
+        ]]
+    );
+    assert!(actions.contains(&SchedulerAction::StopTasks {
+        job,
+        tasks: vec![attempt(0, 0, 0), attempt(1, 1, 0)]
+    }));
+}
+
+#[test]
+fn a_failure_after_the_final_tasks_succeeded_stops_the_attempts_still_running() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    for partition in 0..2 {
+        scheduler.task_status(job, attempt(1, partition, 0), 2, TaskStatus::Succeeded);
+    }
+    let actions = scheduler
+        .task_status(job, attempt(0, 0, 0), 2, transport("report lost"))
+        .actions;
+    assert_eq!(
+        actions,
+        [
+            SchedulerAction::StopTasks {
+                job,
+                tasks: vec![attempt(0, 1, 0)]
+            },
+            SchedulerAction::JobSucceeded { job },
+            SchedulerAction::CleanUpJob { job }
+        ]
+    );
+}

@@ -58,6 +58,9 @@ use tokio::task::AbortHandle;
 #[cfg(feature = "testing")]
 pub type FaultHook = Arc<dyn Fn(&AttemptKey) -> Option<String> + Send + Sync>;
 
+/// Called on `run_task`'s caller right after an attempt is spawned (tests only).
+pub type SpawnHook = Arc<dyn Fn(&AttemptKey) + Send + Sync>;
+
 /// How a worker runs.
 #[derive(Clone)]
 pub struct WorkerOptions {
@@ -73,6 +76,10 @@ pub struct WorkerOptions {
     /// Fails chosen attempts (tests only).
     #[cfg(feature = "testing")]
     pub fault: Option<FaultHook>,
+    /// Runs on the caller of `run_task` right after each attempt is spawned (tests only: a slow
+    /// control thread, while the attempt may already be done).
+    #[cfg(feature = "testing")]
+    pub after_spawn: Option<SpawnHook>,
     /// Named fault points armed in this worker (`crate::faults`).
     pub faults: Option<Arc<FaultPoints>>,
 }
@@ -86,6 +93,8 @@ impl Default for WorkerOptions {
             work_dir: None,
             #[cfg(feature = "testing")]
             fault: None,
+            #[cfg(feature = "testing")]
+            after_spawn: None,
             faults: None,
         }
     }
@@ -123,7 +132,7 @@ pub(crate) struct WorkerShared {
 
 /// One running attempt: how to abort it, and who claimed its final report.
 struct Running {
-    abort: Option<AbortHandle>,
+    abort: AbortHandle,
     finished: Arc<AtomicBool>,
 }
 
@@ -226,23 +235,6 @@ impl Worker {
         let key = definition.attempt;
         let handle = task_runtime()?;
         let finished = Arc::new(AtomicBool::new(false));
-        let accepted = {
-            let mut tasks = self.shared.tasks_lock()?;
-            if tasks.contains_key(&key) {
-                return Err(DataFusionError::Internal(format!(
-                    "{}: {key} is already running",
-                    self.shared.name
-                )));
-            }
-            tasks.insert(
-                key,
-                Running {
-                    abort: None,
-                    finished: Arc::clone(&finished),
-                },
-            );
-            self.shared.accepted.fetch_add(1, Ordering::SeqCst) + 1
-        };
         let span = tracing::info_span!(
             target: "sluice::worker",
             "task attempt",
@@ -252,8 +244,19 @@ impl Worker {
             partition = key.partition,
             attempt = key.attempt,
         );
+        // The attempt is spawned while the running set is locked, so its entry holds its abort
+        // handle before anyone can take the entry out: neither a stop (which must abort it) nor
+        // the attempt's own end (which must not be aborted while it sends its final report) can
+        // find the entry without it.
+        let mut tasks = self.shared.tasks_lock()?;
+        if tasks.contains_key(&key) {
+            return Err(DataFusionError::Internal(format!(
+                "{}: {key} is already running",
+                self.shared.name
+            )));
+        }
         let attempt = tracing::Instrument::instrument(
-            attempt::run_attempt(Arc::clone(&self.shared), definition, finished),
+            attempt::run_attempt(Arc::clone(&self.shared), definition, Arc::clone(&finished)),
             span,
         );
         let abort = {
@@ -262,13 +265,12 @@ impl Worker {
             while attempts.try_join_next().is_some() {}
             attempts.spawn_on(attempt, &handle)
         };
-        match self.shared.tasks_lock()?.get_mut(&key) {
-            Some(running) => running.abort = Some(abort),
-            // Stopped between its insert and its spawn: the stop could not abort it, so abort it
-            // here (it reported `Canceled` already), or it would run as a zombie.
-            None => abort.abort(),
+        #[cfg(feature = "testing")]
+        if let Some(hook) = &self.shared.options.after_spawn {
+            hook(&key);
         }
-        Ok(accepted)
+        tasks.insert(key, Running { abort, finished });
+        Ok(self.shared.accepted.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
     /// The attempts this worker knows (running, or with a final report on its way) and the
@@ -305,9 +307,7 @@ impl Worker {
         if running.finished.swap(true, Ordering::SeqCst) {
             return Ok(()); // it finished on its own and reported
         }
-        if let Some(abort) = running.abort {
-            abort.abort();
-        }
+        running.abort.abort();
         self.shared.store.remove_attempt(key)?;
         let shared = Arc::clone(&self.shared);
         let report = async move {
@@ -485,3 +485,6 @@ impl Drop for Reporting<'_> {
         }
     }
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests;

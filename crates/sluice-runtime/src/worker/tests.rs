@@ -1,0 +1,137 @@
+//! The worker's running set under races between `run_task`, an attempt's own end and its report.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::prelude::SessionContext;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sluice_planner::{AttemptKey, JobId, OutputDistribution, OutputMode, StageId, WorkerId};
+use tokio::sync::Notify;
+
+use super::{Worker, WorkerOptions};
+use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
+use crate::transport::{InProcessNetwork, StatusReporter};
+
+/// Holds every final report until released, telling `started` when one begins; records the
+/// reports whose delivery completed.
+struct HeldFinalReports {
+    started: Arc<AtomicUsize>,
+    release: Arc<Notify>,
+    delivered: Arc<Mutex<Vec<(AttemptKey, u64, bool)>>>,
+}
+
+impl StatusReporter for HeldFinalReports {
+    fn report(&self, report: TaskStatusReport) -> BoxFuture<'static, ()> {
+        let release = Arc::clone(&self.release);
+        let delivered = Arc::clone(&self.delivered);
+        let final_report = report.state.is_final();
+        if final_report {
+            self.started.fetch_add(1, Ordering::SeqCst);
+        }
+        async move {
+            if final_report {
+                release.notified().await;
+            }
+            let succeeded = matches!(report.state, TaskState::Succeeded(_));
+            delivered
+                .lock()
+                .unwrap()
+                .push((report.attempt, report.sequence, succeeded));
+        }
+        .boxed()
+    }
+}
+
+fn one_batch_task(key: AttemptKey) -> TaskDefinition {
+    let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(Int64Array::from(vec![1, 2, 3]))],
+    )
+    .unwrap();
+    let plan = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
+    TaskDefinition {
+        attempt: key,
+        plan: StagePlan::InMemory {
+            plan,
+            context: SessionContext::new().task_ctx(),
+        },
+        inputs: vec![],
+        output: OutputDistribution::RoundRobin { channels: 1 },
+        replicas: 1,
+        output_mode: OutputMode::Blocking,
+        config: Arc::new(HashMap::new()),
+        memory_limit: None,
+        report_plan_metrics: false,
+    }
+}
+
+/// `run_task`'s caller is held after the spawn until the attempt's final report is under way
+/// (or 2 s passed, when the running set keeps the attempt from finishing meanwhile). The report
+/// must then complete, exactly once: the late half of `run_task` must not take the ended attempt
+/// for a stopped one and abort it mid-report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_ends_before_run_task_returns_delivers_its_final_report() {
+    let started = Arc::new(AtomicUsize::new(0));
+    let held_until_started = Arc::clone(&started);
+    let options = WorkerOptions {
+        after_spawn: Some(Arc::new(move |_: &AttemptKey| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while held_until_started.load(Ordering::SeqCst) == 0
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })),
+        ..WorkerOptions::default()
+    };
+    let network = InProcessNetwork::default();
+    let worker = Worker::new("w", "w:0", options, Arc::new(network)).unwrap();
+    let release = Arc::new(Notify::new());
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    worker
+        .set_reporter(
+            WorkerId(1),
+            Arc::new(HeldFinalReports {
+                started: Arc::clone(&started),
+                release: Arc::clone(&release),
+                delivered: Arc::clone(&delivered),
+            }),
+        )
+        .unwrap();
+    let key = AttemptKey {
+        job: JobId(1),
+        stage: StageId(0),
+        partition: 0,
+        attempt: 0,
+    };
+    let spawned = tokio::task::spawn_blocking({
+        let worker = worker.clone();
+        move || worker.run_task(one_batch_task(key))
+    });
+    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    // The final report has begun (at the latest once `run_task` let the attempt finish).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while started.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    release.notify_one();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while delivered.lock().unwrap().len() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        *delivered.lock().unwrap(),
+        vec![(key, 1, false), (key, 2, true)]
+    );
+    assert_eq!(worker.counts().0, 0);
+}
