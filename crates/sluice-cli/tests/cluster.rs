@@ -773,3 +773,92 @@ fn sigterm_drains_a_worker_which_then_leaves_while_the_cluster_runs_on() {
     assert!(stderr.contains("it drained and left"), "{stderr}");
     assert!(!stdout.contains("ERROR"), "{stdout}");
 }
+
+/// Every file under `dir`, relative to it, sorted.
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(path.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn a_worker_killed_while_a_copy_writes_leaves_every_row_committed_exactly_once() {
+    let data = sf01().to_str().unwrap();
+    let check = "select l_returnflag, count(*) as n, sum(l_orderkey) as k, \
+                 sum(l_linenumber) as l from {} group by 1 order by 1";
+    let local = sluice()
+        .args(["sql", "--data", data, "--format", "csv"])
+        .arg(check.replace("{}", "lineitem"))
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", text(&local.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let copy = format!(
+        "COPY (select * from lineitem) TO '{}/' STORED AS PARQUET PARTITIONED BY (l_returnflag)",
+        out.display()
+    );
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "3",
+        "sql",
+        "--data",
+        data,
+        "--format",
+        "csv",
+        &copy,
+    ]);
+    client.wait_joined(3);
+    let pids = worker_pids(client.child.id());
+    // Kill a worker as soon as the write tasks have staged their first files.
+    let staging = dir.path().join(".sluice-staging");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !staging.exists() || files_under(&staging).is_empty() {
+        assert!(Instant::now() < deadline, "nothing was staged");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(pids[0], "KILL");
+    let (output, stderr) = client.finish();
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(text(&output.stdout), "count\n600572\n", "{stderr}");
+    assert!(stderr.contains(" lost"), "the loss is reported: {stderr}");
+    assert!(!staging.exists(), "{:?}", files_under(dir.path()));
+    let files = files_under(&out);
+    let manifest = std::fs::read_to_string(out.join("_SUCCESS")).unwrap();
+    let mut listed: Vec<&str> = manifest.lines().collect();
+    listed.sort();
+    let data_files: Vec<&str> = files
+        .iter()
+        .map(String::as_str)
+        .filter(|f| *f != "_SUCCESS")
+        .collect();
+    assert_eq!(listed, data_files);
+    let read_back = sluice()
+        .args(["sql", "--format", "csv"])
+        .arg(format!(
+            "CREATE EXTERNAL TABLE written STORED AS PARQUET LOCATION '{}/'; {}",
+            out.display(),
+            check.replace("{}", "written")
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&read_back.stdout),
+        text(&local.stdout),
+        "{}",
+        text(&read_back.stderr)
+    );
+}

@@ -200,3 +200,96 @@ fn tpch_gen_create_external_table_and_copy_write_to_the_store() {
         assert!(stdout.ends_with("n,s\n3,3\n"), "{mode}: {stdout}");
     }
 }
+
+/// The keys of `inspected` (an `S3Server::inspect`) under `prefix`.
+fn keys_under<'a>(inspected: &'a serde_json::Value, prefix: &str) -> Vec<&'a str> {
+    inspected["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key.as_str().unwrap())
+        .filter(|key| key.starts_with(prefix))
+        .collect()
+}
+
+#[test]
+fn a_distributed_copy_to_s3_commits_every_row_once_and_a_failed_one_leaves_nothing() {
+    let s3 = S3Server::start();
+    let mut local = sluice();
+    local.arg("sql").arg("--data").arg(tpch_dir()).args([
+        "--format",
+        "csv",
+        "select l_returnflag, count(*), sum(l_orderkey), sum(l_linenumber) from lineitem \
+         group by 1 order by 1",
+    ]);
+    let expected: Vec<String> = text(&ok(local).stdout)
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    let total: u64 = expected
+        .iter()
+        .map(|line| line.split(',').nth(1).unwrap().parse::<u64>().unwrap())
+        .sum();
+    let mut copy = s3.sluice();
+    copy.args([
+        "--mode",
+        "cluster",
+        "--workers",
+        "3",
+        "sql",
+        "--format",
+        "csv",
+        "CREATE EXTERNAL TABLE lineitem STORED AS PARQUET LOCATION 's3://lake/sf0.01/lineitem/'; \
+         COPY (select * from lineitem) TO 's3://lake/out/' STORED AS PARQUET \
+         PARTITIONED BY (l_returnflag)",
+    ]);
+    let stdout = text(&ok(copy).stdout);
+    assert!(stdout.ends_with(&format!("count\n{total}\n")), "{stdout}");
+    let inspected = s3.inspect(Some("out/"));
+    let groups: Vec<&str> = inspected["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap())
+        .collect();
+    assert_eq!(groups, expected);
+    let written = keys_under(&inspected, "out/");
+    let data: Vec<&str> = written
+        .iter()
+        .copied()
+        .filter(|key| key.ends_with(".parquet"))
+        .collect();
+    assert_eq!(written.len(), data.len() + 1, "{written:?}");
+    assert!(written.contains(&"out/_SUCCESS"), "{written:?}");
+    assert_eq!(
+        keys_under(&inspected, ".sluice-staging"),
+        Vec::<&str>::new()
+    );
+
+    // A write that fails on a row: nothing under its target, nothing staged.
+    let mut failing = s3.sluice();
+    failing.args([
+        "--mode",
+        "cluster",
+        "--workers",
+        "3",
+        "sql",
+        "CREATE EXTERNAL TABLE lineitem STORED AS PARQUET LOCATION 's3://lake/sf0.01/lineitem/'; \
+         COPY (select arrow_cast(l_comment, 'Int64') as n from lineitem) TO 's3://lake/bad/' \
+         STORED AS CSV",
+    ]);
+    let output = failing.output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stdout));
+    assert!(
+        text(&output.stderr).contains("Int64"),
+        "{}",
+        text(&output.stderr)
+    );
+    let inspected = s3.inspect(None);
+    assert_eq!(keys_under(&inspected, "bad"), Vec::<&str>::new());
+    assert_eq!(
+        keys_under(&inspected, ".sluice-staging"),
+        Vec::<&str>::new()
+    );
+}

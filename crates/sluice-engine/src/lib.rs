@@ -23,6 +23,7 @@ pub mod remote_tables;
 pub mod scan_balance;
 pub mod session;
 pub mod system_tables;
+pub mod table_factory;
 
 pub use config::{ExecutionMode, SluiceConfig};
 pub use error::{Result, SluiceError};

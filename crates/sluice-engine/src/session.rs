@@ -502,6 +502,7 @@ impl SluiceSession {
         let logical = state.statement_to_plan(statement).await?;
         let plan = state.create_physical_plan(&logical).await?;
         let plan = balance_scans(plan, state.runtime_env()).await?;
+        let (plan, _staging) = sluice_runtime::write::stage_file_writes(plan)?;
         Ok(JobGraph::try_new_with(plan, &self.runner.graph_options())?)
     }
 
@@ -583,16 +584,33 @@ fn new_context(
     // A config taken from a context made here says not to create the default catalog (the
     // context it came from had one): every new context gets its own.
     let config = config.with_create_default_catalog_and_schema(true);
-    SessionContext::new_with_state(
-        SessionStateBuilder::new()
-            .with_config(config)
-            .with_runtime_env(runtime)
-            .with_default_features()
-            .with_physical_optimizer_rules(rules)
-            .build(),
-    )
+    let mut builder = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_physical_optimizer_rules(rules);
+    // A directory location reads only its format's files (`table_factory`).
+    for format in ["PARQUET", "CSV", "JSON", "NDJSON", "ARROW"] {
+        builder = builder.with_table_factory(
+            format.to_string(),
+            Arc::new(crate::table_factory::DataFilesFactory::default()),
+        );
+    }
     // A quoted path or URL is a table (`select * from 's3://bucket/trips/'`), as in DuckDB.
-    .enable_url_table()
+    let state = builder.build();
+    let factory = Arc::new(crate::table_factory::DataFilesUrlFactory::new(
+        datafusion_session::SessionStore::new(),
+    ));
+    let catalogs = Arc::new(datafusion::catalog::DynamicFileCatalog::new(
+        Arc::clone(state.catalog_list()),
+        Arc::clone(&factory) as Arc<dyn datafusion::catalog::UrlTableFactory>,
+    ));
+    let ctx: SessionContext = SessionStateBuilder::new_from_existing(state)
+        .with_catalog_list(catalogs)
+        .build()
+        .into();
+    factory.session_store().with_state(ctx.state_weak_ref());
+    ctx
 }
 
 /// Collects a stream into a [`StatementOutput`].

@@ -20,11 +20,14 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{DataFusionError, JoinType, Result, internal_err};
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::TaskContext;
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_plan::ExecutionPlanProperties;
+use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::execution_plan::{
     Boundedness, EmissionType, EvaluationType, SchedulingType,
 };
@@ -46,6 +49,8 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 use sluice_planner::{JobGraphOptions, RescaleExec, StageInputExec};
+
+use crate::write::{FileWriteExec, SinkFormat, Staging};
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct StageInputNode {
@@ -105,6 +110,21 @@ struct PiecewiseMergeJoinNode {
     partitions: u64,
 }
 
+#[derive(Clone, PartialEq, prost::Message)]
+struct FileWriteNode {
+    /// The statement's sink (format, options, target) as datafusion-proto encodes it: a
+    /// `DataSinkExec` over an empty input of the written schema.
+    #[prost(bytes = "vec", tag = "1")]
+    sink_plan: Vec<u8>,
+    /// The staging's store URL, root path and token.
+    #[prost(string, tag = "2")]
+    staging_store: String,
+    #[prost(string, tag = "3")]
+    staging_root: String,
+    #[prost(string, tag = "4")]
+    staging_token: String,
+}
+
 // Nodes are built once per encode or decode; the size difference between variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, PartialEq, prost::Oneof)]
@@ -117,11 +137,13 @@ enum Kind {
     PartitionedTopK(PartitionedTopKNode),
     #[prost(message, tag = "4")]
     PiecewiseMergeJoin(PiecewiseMergeJoinNode),
+    #[prost(message, tag = "5")]
+    FileWrite(FileWriteNode),
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct SluiceNode {
-    #[prost(oneof = "Kind", tags = "1, 2, 3, 4")]
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5")]
     kind: Option<Kind>,
 }
 
@@ -276,6 +298,12 @@ impl PhysicalExtensionCodec for SluiceCodec {
                     to_usize(join.partitions, "partition count")?,
                 )?))
             }
+            Some(Kind::FileWrite(write)) => {
+                let [input] = inputs else {
+                    return internal_err!("FileWriteExec takes one input, got {}", inputs.len());
+                };
+                decode_file_write(write, Arc::clone(input), ctx)
+            }
             None => internal_err!("empty Sluice plan node"),
         }
     }
@@ -341,6 +369,20 @@ impl PhysicalExtensionCodec for SluiceCodec {
                 join_type: protobuf::JoinType::from(join.join_type()) as i32,
                 partitions: join.streamed().output_partitioning().partition_count() as u64,
             })
+        } else if let Some(write) = node.downcast_ref::<FileWriteExec>() {
+            let schema = write.children()[0].schema();
+            let sink: Arc<dyn ExecutionPlan> = Arc::new(DataSinkExec::new(
+                Arc::new(EmptyExec::new(schema)),
+                write.format().as_data_sink(),
+                None,
+            ));
+            let staging = write.staging();
+            Kind::FileWrite(FileWriteNode {
+                sink_plan: encode_stage_plan(sink)?.to_vec(),
+                staging_store: staging.store.as_str().to_string(),
+                staging_root: staging.root.to_string(),
+                staging_token: staging.token.clone(),
+            })
         } else {
             return Err(DataFusionError::NotImplemented(format!(
                 "{} cannot be sent to a worker: it has no wire form",
@@ -351,6 +393,25 @@ impl PhysicalExtensionCodec for SluiceCodec {
             .encode(buf)
             .map_err(|e| DataFusionError::Internal(format!("encoding a Sluice plan node: {e}")))
     }
+}
+
+fn decode_file_write(
+    write: FileWriteNode,
+    input: Arc<dyn ExecutionPlan>,
+    ctx: &TaskContext,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let sink_plan = decode_stage_plan(&write.sink_plan, ctx)?;
+    let format = sink_plan
+        .downcast_ref::<DataSinkExec>()
+        .and_then(|sink| SinkFormat::of(sink.sink()))
+        .ok_or_else(|| DataFusionError::Internal("FileWriteExec without a file sink".into()))?;
+    let staging = Staging {
+        store: ObjectStoreUrl::parse(&write.staging_store)?,
+        root: object_store::path::Path::parse(&write.staging_root)
+            .map_err(|e| DataFusionError::Internal(format!("FileWriteExec staging: {e}")))?,
+        token: write.staging_token,
+    };
+    Ok(Arc::new(FileWriteExec::try_new(input, format, staging)?))
 }
 
 /// Encodes a stage plan for the wire.
@@ -380,7 +441,10 @@ pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// The job graph options every distributed run uses: the defaults, with [`survives_wire`] deciding
 /// which stages cannot travel and run on the driver.
 pub fn distributed_graph_options() -> JobGraphOptions {
+    let mut rules = sluice_planner::DistributionRules::default();
+    rules.register::<crate::write::FileCommitExec>();
     JobGraphOptions {
+        rules,
         wire_check: Some(Arc::new(survives_wire)),
         ..JobGraphOptions::default()
     }
@@ -422,6 +486,34 @@ mod tests {
         let decoded = decode_stage_plan(&bytes, &TaskContext::default()).unwrap();
         assert_eq!(text(&decoded), text(&plan));
         assert!(text(&decoded).contains("input=2, partitions=4, replay"));
+    }
+
+    /// A file write stage travels with its sink's format, options, target and staging, so its
+    /// tasks run on workers.
+    #[tokio::test]
+    async fn a_file_write_round_trips_with_its_sink_and_staging() {
+        use datafusion::prelude::SessionContext;
+        let ctx = SessionContext::new();
+        ctx.sql("create table t as values (1, 'a'), (2, 'b')")
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql(
+                "copy (select * from t) to '/tmp/never-written/out/' stored as parquet \
+                 partitioned by (column2) options ('format.compression' 'zstd(3)')",
+            )
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let (plan, staging) = crate::write::stage_file_writes(plan).unwrap();
+        assert!(staging.is_some());
+        let write = Arc::clone(plan.children()[0]);
+        round_trips_with(
+            write,
+            "FileWriteExec: format=parquet, target=file:///tmp/never-written/out/",
+        );
     }
 
     /// The plan of `sql` with `setting` on, over two small tables.

@@ -37,6 +37,7 @@ pub mod task;
 pub mod task_runtime;
 pub mod transport;
 pub mod worker;
+pub mod write;
 
 pub use definition::{
     StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,

@@ -141,6 +141,24 @@ impl S3Server {
         command
     }
 
+    /// Every key of bucket `lake` and, with `parquet`, the hive-partitioned lineitem dataset under
+    /// that prefix per return flag, as boto3 and pyarrow see them (`tests/python/s3_inspect.py`).
+    #[allow(dead_code)] // not every test binary reads the bucket back
+    pub fn inspect(&self, parquet: Option<&str>) -> serde_json::Value {
+        let output = Command::new(python_bin().join("python"))
+            .arg(Path::new(PYTHON_DIR).join("s3_inspect.py"))
+            .args([&self.endpoint, &self.key_id, &self.secret, "lake"])
+            .args(parquet)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "s3_inspect.py: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
     /// `sluice` pointed at this server with its key.
     pub fn sluice(&self) -> Command {
         self.sluice_with(&self.endpoint, &self.secret)

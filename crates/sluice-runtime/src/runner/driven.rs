@@ -2,8 +2,9 @@
 //! first query and serving every later one of the session, whose jobs it runs as job graphs.
 //!
 //! ```text
-//!   physical plan ─► JobGraph::try_new_with(exchange mode) ─► lazy stream ─► backend (started once)
-//!                                                                  └► Driver::execute(graph)
+//!   physical plan ─► stage_file_writes ─► JobGraph::try_new_with(exchange mode)
+//!                 ─► lazy stream ─► backend (started once) ─► Driver::execute(graph)
+//!                 (a file write's stream inside its StagedWriteGuard)
 //! ```
 //!
 //! Invariants: nothing starts before the first stream is polled; a backend that failed to start is
@@ -22,6 +23,7 @@ use tokio::sync::OnceCell;
 use super::{ClusterState, JobRunner, lazy_stream};
 use crate::codec::distributed_graph_options_with;
 use crate::driver::DriverHandle;
+use crate::write::{StagedWriteGuard, stage_file_writes};
 
 /// A driver with its workers, as a [`DriverRunner`] starts and uses it.
 pub trait DriverBackend: Send + Sync + 'static {
@@ -108,12 +110,18 @@ impl<B: DriverBackend> JobRunner for DriverRunner<B> {
         plan: Arc<dyn ExecutionPlan>,
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let (plan, staging) = stage_file_writes(plan)?;
         let graph = JobGraph::try_new_with(plan, &self.graph_options())?;
         let schema = graph.schema().clone();
         let runner = self.clone();
-        Ok(lazy_stream(schema, async move {
+        let runtime = task_ctx.runtime_env();
+        let output = lazy_stream(schema, async move {
             Ok(runner.backend().await?.execute(graph, task_ctx))
-        }))
+        });
+        Ok(match staging {
+            Some(staging) => Box::pin(StagedWriteGuard::new(output, staging, runtime)),
+            None => output,
+        })
     }
 
     fn graph_options(&self) -> JobGraphOptions {

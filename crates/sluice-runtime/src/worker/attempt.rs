@@ -141,7 +141,7 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
             let context = TaskContext::new(
                 context.task_id(),
                 context.session_id(),
-                with_faults(context.session_config().clone(), shared),
+                task_config(context.session_config().clone(), shared, key),
                 context.scalar_functions().clone(),
                 context.higher_order_functions().clone(),
                 context.aggregate_functions().clone(),
@@ -184,8 +184,10 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
     Ok(metrics)
 }
 
-/// `config` with the worker's fault points, where its writers and readers find them.
-fn with_faults(config: SessionConfig, shared: &WorkerShared) -> SessionConfig {
+/// `config` with the attempt's key (where its file writers name their staging directory) and the
+/// worker's fault points (where its writers and readers find them).
+fn task_config(config: SessionConfig, shared: &WorkerShared, key: AttemptKey) -> SessionConfig {
+    let config = config.with_extension(Arc::new(key));
     match &shared.options.faults {
         Some(faults) => config.with_extension(Arc::clone(faults)),
         None => config,
@@ -207,7 +209,7 @@ fn task_context(
     Ok(Arc::new(TaskContext::new(
         Some(definition.attempt.to_string()),
         format!("job-{}", definition.attempt.job),
-        with_faults(config, shared),
+        task_config(config, shared, definition.attempt),
         template.scalar_functions().clone(),
         template.higher_order_functions().clone(),
         template.aggregate_functions().clone(),

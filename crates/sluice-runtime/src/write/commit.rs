@@ -1,0 +1,501 @@
+//! `FileCommitExec`: the driver's end of a distributed file write. It reads what every write task
+//! staged (one row per accepted attempt: the job output's exactly-once reads only ever hand it
+//! the attempts its region accepted), and commits exactly those files.
+//!
+//! ```text
+//!   staged rows (accepted attempts) ─► move each file into the target (rename; copy + delete on S3)
+//!                                   ─► _SUCCESS at the target's root, listing them (directories)
+//!                                   ─► remove this statement's staging, and stale ones of the target
+//!                                   ─► one row: count (the rows written)
+//! ```
+//!
+//! Invariants: a statement commits at most once (the ledger: a region retried after its commit
+//! returns the committed count and moves nothing; one retried while its commit ran fails the
+//! statement rather than commit a second time); a commit that fails part-way removes the files
+//! it already moved, so a failed write leaves nothing new under its target; staging of statements
+//! still running in this process is never removed (two drivers must not write one target at once,
+//! as with Spark's committers).
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{
+    Boundedness, EmissionType, ReplaceChildrenOptions,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
+};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sluice_planner::plan::{RECOMPUTE, only_child};
+use sluice_planner::{DistributedExec, NodeDistribution};
+
+use super::layout::{Staging, WriteTarget, join};
+
+/// Commits the staged files of its input; see the module docs.
+#[derive(Debug)]
+pub struct FileCommitExec {
+    input: Arc<dyn ExecutionPlan>,
+    target: WriteTarget,
+    staging: Staging,
+    properties: Arc<PlanProperties>,
+}
+
+impl FileCommitExec {
+    /// Commits what `input` (one partition of staged rows) names into `target`.
+    pub fn new(input: Arc<dyn ExecutionPlan>, target: WriteTarget, staging: Staging) -> Self {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "count",
+            DataType::UInt64,
+            false,
+        )]));
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Self {
+            input,
+            target,
+            staging,
+            properties: Arc::new(properties),
+        }
+    }
+
+    /// Where the write stages.
+    pub fn staging(&self) -> &Staging {
+        &self.staging
+    }
+}
+
+impl DistributedExec for FileCommitExec {
+    /// The commit needs every task's staged row and the driver's view of the job: it runs on the
+    /// driver over its input read from workers.
+    fn distribution(&self) -> NodeDistribution {
+        NodeDistribution::Driver {
+            whole_subtree: false,
+        }
+    }
+}
+
+impl DisplayAs for FileCommitExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "FileCommitExec: target={}, staging={}",
+            self.target.url, self.staging
+        )
+    }
+}
+
+impl ExecutionPlan for FileCommitExec {
+    fn name(&self) -> &str {
+        "FileCommitExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::SinglePartition]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = only_child(self.name(), children)?;
+        Ok(Arc::new(Self::new(
+            input,
+            self.target.clone(),
+            self.staging.clone(),
+        )))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, RECOMPUTE)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("FileCommitExec has one partition; {partition} asked");
+        }
+        let staged = self.input.execute(0, Arc::clone(&context))?;
+        let target = self.target.clone();
+        let staging = self.staging.clone();
+        let schema = self.schema();
+        let out = Arc::clone(&schema);
+        let commit = async move {
+            let batches: Vec<RecordBatch> = staged.try_collect().await?;
+            let store = context.runtime_env().object_store(&staging.store)?;
+            let rows = commit_once(store.as_ref(), &target, &staging, &batches).await?;
+            Ok(RecordBatch::try_new(
+                out,
+                vec![Arc::new(UInt64Array::from(vec![rows]))],
+            )?)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(commit).boxed(),
+        )))
+    }
+}
+
+/// Statements committed in this process (by staging key), newest last, with their row counts.
+static COMMITTED: LazyLock<Mutex<VecDeque<(String, u64)>>> =
+    LazyLock::new(|| Mutex::new(VecDeque::new()));
+/// How many committed statements the ledger remembers.
+const LEDGER_SIZE: usize = 1024;
+/// Statements of this process whose writes may still be staging (by staging key).
+static LIVE: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
+
+/// The rows `staging`'s statement committed, if it did.
+pub fn committed_rows(staging: &Staging) -> Option<u64> {
+    let key = staging.key();
+    COMMITTED
+        .lock()
+        .ok()?
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, rows)| *rows)
+}
+
+fn record_commit(staging: &Staging, rows: u64) {
+    if let Ok(mut ledger) = COMMITTED.lock() {
+        if ledger.len() >= LEDGER_SIZE {
+            ledger.pop_front();
+        }
+        ledger.push_back((staging.key(), rows));
+    }
+}
+
+/// Statements whose commit started in this process (by staging key).
+static COMMITTING: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
+
+/// Claims `staging`'s commit: `false` when a run of it already started.
+fn start_commit(staging: &Staging) -> bool {
+    COMMITTING
+        .lock()
+        .map(|mut started| started.insert(staging.key()))
+        .unwrap_or(false)
+}
+
+/// Marks `staging`'s statement as running (its staging is not stale) until [`finished`].
+pub fn started(staging: &Staging) {
+    if let Ok(mut live) = LIVE.lock() {
+        live.insert(staging.key());
+    }
+}
+
+/// Marks `staging`'s statement as ended.
+pub fn finished(staging: &Staging) {
+    if let Ok(mut live) = LIVE.lock() {
+        live.remove(&staging.key());
+    }
+    if let Ok(mut started) = COMMITTING.lock() {
+        started.remove(&staging.key());
+    }
+}
+
+/// A staged file: where it is and where it goes.
+struct Move {
+    from: Path,
+    to: Path,
+}
+
+async fn commit_once(
+    store: &dyn ObjectStore,
+    target: &WriteTarget,
+    staging: &Staging,
+    batches: &[RecordBatch],
+) -> Result<u64> {
+    if let Some(rows) = committed_rows(staging) {
+        return Ok(rows);
+    }
+    if !start_commit(staging) {
+        // An earlier run of this commit was stopped part-way (its region ran again while it
+        // moved files): committing again could write rows twice, so the write fails instead.
+        return Err(DataFusionError::Execution(format!(
+            "the write to {} was interrupted while it was being committed; files under the \
+             target not listed in a _SUCCESS newer than the statement may be partial",
+            target.url
+        )));
+    }
+    let (rows, moves) = staged_moves(target, staging, batches)?;
+    match commit(store, target, &moves).await {
+        Ok(()) => {
+            record_commit(staging, rows);
+            remove_staging(store, staging).await;
+            Ok(rows)
+        }
+        Err(error) => {
+            for moved in &moves {
+                let _ = store.delete(&moved.to).await;
+            }
+            remove_staging(store, staging).await;
+            Err(DataFusionError::Execution(format!(
+                "the write to {} could not be committed (nothing of it was kept): {error}",
+                target.url
+            )))
+        }
+    }
+}
+
+/// The rows written and the file moves of the staged rows in `batches`.
+fn staged_moves(
+    target: &WriteTarget,
+    staging: &Staging,
+    batches: &[RecordBatch],
+) -> Result<(u64, Vec<Move>)> {
+    let mut rows = 0u64;
+    let mut moves = Vec::new();
+    let mut seen = HashSet::new();
+    let prefix = staging.dir();
+    for batch in batches {
+        let [dirs, counts, files] = batch.columns() else {
+            return internal_err!("a staged row has {} columns, not 3", batch.num_columns());
+        };
+        let dirs = dirs.as_string::<i32>();
+        let counts = counts.as_primitive::<UInt64Type>();
+        let files = files.as_list::<i32>();
+        for row in 0..batch.num_rows() {
+            let dir = Path::parse(dirs.value(row))
+                .map_err(|e| DataFusionError::Internal(format!("a staged directory: {e}")))?;
+            if !dir.prefix_matches(&prefix) {
+                return internal_err!("{dir} is not under this write's staging {prefix}");
+            }
+            rows += counts.value(row);
+            let names = files.value(row);
+            let names = names.as_string::<i32>();
+            for index in 0..names.len() {
+                let relative = names.value(index);
+                let to = target.committed_path(relative)?;
+                if !seen.insert(to.clone()) {
+                    return internal_err!("two staged files would both become {to}");
+                }
+                moves.push(Move {
+                    from: join(&dir, relative)?,
+                    to,
+                });
+            }
+        }
+    }
+    Ok((rows, moves))
+}
+
+async fn commit(store: &dyn ObjectStore, target: &WriteTarget, moves: &[Move]) -> Result<()> {
+    for file in moves {
+        store.rename(&file.from, &file.to).await?;
+    }
+    if !target.single_file {
+        let manifest = serde_manifest(target, moves);
+        store
+            .put(&target.manifest(), PutPayload::from(manifest.into_bytes()))
+            .await?;
+    }
+    Ok(())
+}
+
+/// The manifest: one committed path per line, relative to the target.
+fn serde_manifest(target: &WriteTarget, moves: &[Move]) -> String {
+    moves
+        .iter()
+        .map(|file| {
+            file.to
+                .prefix_match(&target.path)
+                .map(|parts| {
+                    parts
+                        .map(|part| part.as_ref().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                })
+                .unwrap_or_else(|| file.to.to_string())
+                + "\n"
+        })
+        .collect()
+}
+
+/// Removes `staging`'s objects, and those of earlier statements to the same target that no
+/// statement of this process still runs (a driver that died mid-write left them). Best effort:
+/// what cannot be removed now, the next write to the target removes.
+pub async fn remove_staging(store: &dyn ObjectStore, staging: &Staging) {
+    let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+    let Ok(objects) = store
+        .list(Some(&staging.root))
+        .try_collect::<Vec<_>>()
+        .await
+    else {
+        return;
+    };
+    for object in objects {
+        let token = object
+            .location
+            .prefix_match(&staging.root)
+            .and_then(|mut parts| parts.next())
+            .map(|part| part.as_ref().to_string());
+        let Some(token) = token else { continue };
+        let other = Staging {
+            token,
+            ..staging.clone()
+        };
+        if other.token == staging.token || !live.contains(&other.key()) {
+            let _ = store.delete(&object.location).await;
+        }
+    }
+    remove_empty_local_dirs(staging);
+}
+
+/// A local file system keeps the directories of deleted files: remove the staging directories
+/// left empty (never one that still holds a file).
+fn remove_empty_local_dirs(staging: &Staging) {
+    if staging.store.as_str() != "file:///" {
+        return;
+    }
+    let root = std::path::PathBuf::from(format!("/{}", staging.root));
+    remove_empty_dirs(&root);
+    if let Some(parent) = root.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+fn remove_empty_dirs(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_dirs(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::write::file_write::staged_files;
+
+    async fn stage(
+        store: &InMemory,
+        staging: &Staging,
+        attempt: &str,
+        files: &[&str],
+    ) -> RecordBatch {
+        let dir = staging.dir().join(attempt);
+        for file in files {
+            let path = join(&dir, file).unwrap();
+            store.put(&path, PutPayload::from("x")).await.unwrap();
+        }
+        let names = staged_files(store, &dir).await.unwrap();
+        crate::write::file_write::staged_batch(&dir, files.len() as u64, &names).unwrap()
+    }
+
+    fn setup() -> (InMemory, WriteTarget, Staging) {
+        let target = WriteTarget {
+            store: ObjectStoreUrl::parse("memory://").unwrap(),
+            path: Path::from("lake/out"),
+            single_file: false,
+            url: "memory:///lake/out/".into(),
+        };
+        let staging = Staging::beside(&target).unwrap();
+        (InMemory::new(), target, staging)
+    }
+
+    async fn keys(store: &InMemory) -> Vec<String> {
+        let mut keys: Vec<String> = store
+            .list(None)
+            .map_ok(|meta| meta.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        keys.sort();
+        keys
+    }
+
+    #[tokio::test]
+    async fn a_commit_moves_only_the_named_attempts_files_once_and_removes_the_staging() {
+        let (store, target, staging) = setup();
+        let accepted = stage(&store, &staging, "j1-s0-p0-a1", &["k=A/f1.parquet"]).await;
+        // A replaced attempt's files are staged too, but no accepted row names them.
+        stage(&store, &staging, "j1-s0-p0-a0", &["k=A/f0.parquet"]).await;
+        let rows = commit_once(&store, &target, &staging, std::slice::from_ref(&accepted))
+            .await
+            .unwrap();
+        assert_eq!(rows, 1);
+        assert_eq!(
+            keys(&store).await,
+            ["lake/out/_SUCCESS", "lake/out/k=A/f1.parquet"]
+        );
+        // A second run of the same statement's commit (its region ran again) moves nothing.
+        let again = stage(&store, &staging, "j1-s0-p0-a2", &["k=A/f2.parquet"]).await;
+        assert_eq!(
+            commit_once(&store, &target, &staging, &[again])
+                .await
+                .unwrap(),
+            1
+        );
+        let manifest = store
+            .get(&target.manifest())
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(&manifest[..], b"k=A/f1.parquet\n");
+        finished(&staging);
+    }
+
+    #[tokio::test]
+    async fn a_commit_run_again_after_it_was_stopped_part_way_fails_instead_of_committing_twice() {
+        let (store, target, staging) = setup();
+        assert!(start_commit(&staging)); // a first run that never finished
+        let batch = stage(&store, &staging, "j1-s0-p0-a1", &["f1.csv"]).await;
+        let error = commit_once(&store, &target, &staging, &[batch])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("interrupted while it was being committed"),
+            "{error}"
+        );
+        assert!(
+            !keys(&store)
+                .await
+                .iter()
+                .any(|k| k.starts_with("lake/out/"))
+        );
+        finished(&staging);
+    }
+}
