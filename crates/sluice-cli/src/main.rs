@@ -208,6 +208,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
 const EXIT_CANCELLED: u8 = 130;
 
 fn main() -> ExitCode {
+    sluice_server::tls::install_default_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),

@@ -862,3 +862,70 @@ fn a_worker_killed_while_a_copy_writes_leaves_every_row_committed_exactly_once()
         text(&read_back.stderr)
     );
 }
+
+/// `k,n,s,w` CSV answers (with a header) as rows.
+fn delta_groups(csv: &str) -> Vec<Vec<String>> {
+    csv.lines()
+        .skip(1)
+        .map(|line| line.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn a_worker_killed_while_an_insert_writes_a_delta_table_adds_every_row_in_one_version() {
+    use common::s3::delta_fixture;
+    let data = sf01().to_str().unwrap();
+    let lineitem = sluice()
+        .args(["sql", "--data", data, "--format", "csv"])
+        .arg(
+            "select l_returnflag as k, count(*) as n, sum(l_orderkey) as s, \
+             sum(l_linenumber) as w from lineitem group by 1 order by 1",
+        )
+        .output()
+        .unwrap();
+    assert!(lineitem.status.success(), "{}", text(&lineitem.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("events");
+    let before = delta_fixture(&["make", table.to_str().unwrap()], &[]);
+    let insert = format!(
+        "CREATE EXTERNAL TABLE t STORED AS DELTA LOCATION '{}'; \
+         INSERT INTO t SELECT l_orderkey, l_returnflag, l_linenumber FROM lineitem",
+        table.display()
+    );
+    let client = Client::start(&[
+        "--mode",
+        "cluster",
+        "--workers",
+        "3",
+        "sql",
+        "--data",
+        data,
+        "--format",
+        "csv",
+        &insert,
+    ]);
+    client.wait_joined(3);
+    let pids = worker_pids(client.child.id());
+    // Kill a worker as soon as the write tasks have staged their first files.
+    let staging = dir.path().join(".sluice-staging");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !staging.exists() || files_under(&staging).is_empty() {
+        assert!(Instant::now() < deadline, "nothing was staged");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(pids[0], "KILL");
+    let (output, stderr) = client.finish();
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(text(&output.stdout), "count\n600572\n", "{stderr}");
+    assert!(stderr.contains(" lost"), "the loss is reported: {stderr}");
+    assert!(!staging.exists(), "{:?}", files_under(dir.path()));
+    let after = delta_fixture(&["answers", table.to_str().unwrap()], &[]);
+    assert_eq!(after["version"], 3, "exactly one new version");
+    let mut expected = delta_groups(&text(&lineitem.stdout));
+    expected.extend(delta_groups(before["latest"]["all"].as_str().unwrap()));
+    expected.sort();
+    assert_eq!(
+        delta_groups(after["latest"]["all"].as_str().unwrap()),
+        expected
+    );
+}

@@ -293,3 +293,89 @@ fn a_distributed_copy_to_s3_commits_every_row_once_and_a_failed_one_leaves_nothi
         Vec::<&str>::new()
     );
 }
+
+#[test]
+fn a_delta_table_on_s3_reads_as_deltalake_reads_it_and_takes_one_insert_commit() {
+    use common::s3::delta_fixture;
+    let s3 = S3Server::start();
+    // Python deltalake writes (and later reads back) the table with the same key; its S3 writer
+    // commits by rename here, as it documents for a single writer.
+    let mut storage = serde_json::Map::new();
+    for (name, value) in s3.env_with(&s3.endpoint, &s3.secret) {
+        storage.insert(name.to_string(), value.into());
+    }
+    storage.insert("AWS_S3_ALLOW_UNSAFE_RENAME".into(), "true".into());
+    let env = [(
+        "DELTA_STORAGE_OPTIONS",
+        serde_json::Value::Object(storage).to_string(),
+    )];
+    let url = "s3://lake/delta/events";
+    let expected = delta_fixture(&["make", url], &env);
+    let query = "select k, count(*) as n, sum(id) as s, sum(v) as w from t group by k order by k";
+    for (options, key) in [(" OPTIONS ('version' '1')", "v1"), ("", "latest")] {
+        let mut read = s3.sluice();
+        read.args([
+            "--mode",
+            "cluster",
+            "--workers",
+            "2",
+            "sql",
+            "--format",
+            "csv",
+        ])
+        .arg(format!(
+            "CREATE EXTERNAL TABLE t STORED AS DELTA LOCATION '{url}'{options}; {query}"
+        ));
+        assert_eq!(
+            text(&ok(read).stdout),
+            expected[key]["all"].as_str().unwrap(),
+            "{key}"
+        );
+    }
+    let mut insert = s3.sluice();
+    insert
+        .args([
+            "--mode",
+            "cluster",
+            "--workers",
+            "2",
+            "sql",
+            "--format",
+            "csv",
+        ])
+        .args(["--table", &format!("t={url}")])
+        .arg("INSERT INTO t SELECT id + 100000, k, v FROM t");
+    assert_eq!(text(&ok(insert).stdout), "count\n4050\n");
+    let after = delta_fixture(&["answers", url], &env);
+    assert_eq!(after["version"], 3, "one new version");
+    let doubled: Vec<String> = expected["latest"]["all"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            let n = |i: usize| f[i].parse::<i64>().unwrap();
+            format!(
+                "{},{},{},{}",
+                f[0],
+                2 * n(1),
+                2 * n(2) + 100_000 * n(1),
+                2 * n(3)
+            )
+        })
+        .collect();
+    let read_back: Vec<&str> = after["latest"]["all"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .skip(1)
+        .collect();
+    assert_eq!(read_back, doubled);
+    let inspected = s3.inspect(None);
+    let staged: Vec<&str> = keys_under(&inspected, "")
+        .into_iter()
+        .filter(|key| key.contains(".sluice-staging"))
+        .collect();
+    assert_eq!(staged, Vec::<&str>::new());
+}

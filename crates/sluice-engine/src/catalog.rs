@@ -4,7 +4,9 @@
 //! the file's stem; every sub-directory holding such files (at any depth, one format only) becomes a table
 //! named after the directory. Names are lower-cased with anything but `[a-z0-9_]` turned into `_`, so
 //! that unquoted SQL identifiers find them. Entries starting with `.` or `_` are ignored, like Spark's
-//! `_SUCCESS` markers. Two entries that map to one name are an error, never a silent pick.
+//! `_SUCCESS` markers. Two entries that map to one name are an error, never a silent pick. A
+//! sub-directory holding `_delta_log/` is a Delta table ([`crate::delta_table`]): its log, never a
+//! listing, says which of its files are the table.
 //!
 //! `--table NAME=PATH` names one table explicitly; PATH is a file or a directory. Either may be an
 //! object store's URL instead (`s3://bucket/sf1/`): [`crate::remote_tables`] applies the same rules
@@ -12,11 +14,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 
 use sluice_runtime::object_stores::is_remote;
 
+use crate::delta_table::DeltaTableProvider;
 use crate::error::{Result, SluiceError};
 use crate::remote_tables;
 
@@ -27,6 +31,8 @@ pub enum TableFormat {
     Parquet,
     /// Comma-separated values with a header line.
     Csv,
+    /// A Delta Lake table (a directory holding `_delta_log/`), read at its newest version.
+    Delta,
 }
 
 impl TableFormat {
@@ -45,6 +51,7 @@ impl TableFormat {
         match self {
             TableFormat::Parquet => "parquet",
             TableFormat::Csv => "csv",
+            TableFormat::Delta => "delta",
         }
     }
 }
@@ -132,10 +139,17 @@ fn directory_format(dir: &Path) -> Result<Option<(TableFormat, String)>> {
     Ok(Some((format, extension)))
 }
 
+/// Whether the local directory `dir` is a Delta table (it holds `_delta_log/`).
+fn is_delta_dir(dir: &Path) -> bool {
+    dir.join(sluice_runtime::delta::LOG_DIR).is_dir()
+}
+
 /// The table a single file or directory forms, named `name`.
 pub fn table_at(name: &str, path: &Path) -> Result<TableSource> {
     let metadata = std::fs::metadata(path).map_err(|e| SluiceError::io(path, e))?;
-    let (format, extension) = if metadata.is_dir() {
+    let (format, extension) = if metadata.is_dir() && is_delta_dir(path) {
+        (TableFormat::Delta, String::new())
+    } else if metadata.is_dir() {
         directory_format(path)?.ok_or_else(|| SluiceError::Table {
             name: name.to_string(),
             location: path.display().to_string(),
@@ -227,7 +241,14 @@ pub fn discover_tables(dir: &Path) -> Result<Vec<TableSource>> {
             continue;
         };
         let name = table_name(stem);
-        let source = if path.is_dir() {
+        let source = if path.is_dir() && is_delta_dir(&path) {
+            TableSource {
+                name,
+                location: path.display().to_string(),
+                format: TableFormat::Delta,
+                extension: String::new(),
+            }
+        } else if path.is_dir() {
             // Walk the directory once: a directory without data files is not a table.
             let Some((format, extension)) = directory_format(&path)? else {
                 continue;
@@ -272,6 +293,14 @@ pub async fn register_table(ctx: &SessionContext, source: &TableSource) -> Resul
                 .has_header(true)
                 .file_extension(&source.extension);
             ctx.register_csv(&source.name, location, options).await
+        }
+        TableFormat::Delta => {
+            match DeltaTableProvider::open(&ctx.runtime_env(), location, None).await {
+                Ok(table) => ctx
+                    .register_table(&source.name, Arc::new(table))
+                    .map(|_| ()),
+                Err(error) => Err(error),
+            }
         }
     };
     registered.map_err(|e| SluiceError::Table {

@@ -16,6 +16,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod delta_table;
 pub mod error;
 pub mod join_fallback;
 pub mod joins;

@@ -87,7 +87,8 @@ fn format_of(path: &ObjectPath) -> Option<TableFormat> {
     TableFormat::from_path(std::path::Path::new(path.filename()?))
 }
 
-/// The format and extension of the data objects below `path`, `None` if it holds none.
+/// The format and extension of the data objects below `path`, `None` if it holds none; a Delta
+/// table's when it holds `_delta_log/`.
 async fn prefix_format(
     prefix: &Prefix,
     path: &ObjectPath,
@@ -99,6 +100,13 @@ async fn prefix_format(
         .try_collect()
         .await
         .map_err(|e| SluiceError::invalid(format!("{location}: {}", one_line(&e))))?;
+    let delta_log = path.clone().join(sluice_runtime::delta::LOG_DIR);
+    if objects
+        .iter()
+        .any(|object| object.location.prefix_matches(&delta_log))
+    {
+        return Ok(Some((TableFormat::Delta, String::new())));
+    }
     let mut found: BTreeMap<String, (TableFormat, ObjectPath)> = BTreeMap::new();
     for object in objects {
         let Some(relative) = object.location.prefix_match(path) else {

@@ -596,6 +596,10 @@ fn new_context(
             Arc::new(crate::table_factory::DataFilesFactory::default()),
         );
     }
+    builder = builder.with_table_factory(
+        "DELTA".to_string(),
+        Arc::new(crate::delta_table::DeltaTableFactory),
+    );
     // A quoted path or URL is a table (`select * from 's3://bucket/trips/'`), as in DuckDB.
     let state = builder.build();
     let factory = Arc::new(crate::table_factory::DataFilesUrlFactory::new(

@@ -123,8 +123,9 @@ impl TableProviderFactory for DataFilesFactory {
 /// may be a `_SUCCESS` manifest or another hidden file (names starting with `.` or `_` sort
 /// among the data files'). This factory takes the format of the first file that is not hidden
 /// (as Sluice's `--data` does) and reads only files of that extension (a hidden file with the
-/// data's own extension is still read, as DataFusion reads it); a file URL, or a directory
-/// without such a file, goes to DataFusion's factory unchanged.
+/// data's own extension is still read, as DataFusion reads it); a directory holding a Delta log
+/// is its Delta table at the newest version; a file URL, or a directory without such a file, goes
+/// to DataFusion's factory unchanged.
 #[derive(Debug)]
 pub struct DataFilesUrlFactory {
     datafusion: DynamicListTableFactory,
@@ -178,6 +179,12 @@ impl UrlTableFactory for DataFilesUrlFactory {
         let (Some(state), true) = (state, directory.is_collection()) else {
             return self.datafusion.try_new(url).await;
         };
+        if crate::delta_table::is_delta_table(state.runtime_env(), url).await {
+            let table =
+                crate::delta_table::DeltaTableProvider::open(state.runtime_env(), url, None)
+                    .await?;
+            return Ok(Some(Arc::new(table)));
+        }
         let Some(file) = Self::first_data_file(&state, &directory).await else {
             return self.datafusion.try_new(url).await;
         };

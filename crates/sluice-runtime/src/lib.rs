@@ -24,6 +24,7 @@ pub mod analyze;
 pub mod cluster_manager;
 pub mod codec;
 pub mod definition;
+pub mod delta;
 pub mod driver;
 pub mod error;
 pub mod faults;

@@ -14,7 +14,7 @@ use super::sluice;
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
 /// The venv's `bin` with moto and boto3, made once per test binary.
-fn python_bin() -> PathBuf {
+pub fn python_bin() -> PathBuf {
     static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     VENV.get_or_init(|| {
         super::pinned_venv(
@@ -170,4 +170,21 @@ impl Drop for S3Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `tests/python/delta_fixture.py ARGS` with Python `deltalake` (with `env` added) and
+/// returns the JSON it printed.
+pub fn delta_fixture(args: &[&str], env: &[(&str, String)]) -> serde_json::Value {
+    let output = Command::new(python_bin().join("python"))
+        .arg(Path::new(PYTHON_DIR).join("delta_fixture.py"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "delta_fixture.py {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   staged rows (accepted attempts) ─► move each file into the target (rename; copy + delete on S3)
-//!                                   ─► _SUCCESS at the target's root, listing them (directories)
+//!                                   ─► _SUCCESS at the target's root, listing them (directories),
+//!                                      or one Delta log commit adding them (a Delta table)
 //!                                   ─► remove this statement's staging, and stale ones of the target
 //!                                   ─► one row: count (the rows written)
 //! ```
@@ -24,6 +25,8 @@ use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{
@@ -41,12 +44,22 @@ use sluice_planner::{DistributedExec, NodeDistribution};
 
 use super::layout::{Staging, WriteTarget, join};
 
+/// What a commit records once the files are in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitLog {
+    /// `_SUCCESS` at a directory target's root, listing the files (nothing for one file).
+    Manifest,
+    /// One Delta log commit that adds the files to the table at this URL (the target).
+    Delta(url::Url),
+}
+
 /// Commits the staged files of its input; see the module docs.
 #[derive(Debug)]
 pub struct FileCommitExec {
     input: Arc<dyn ExecutionPlan>,
     target: WriteTarget,
     staging: Staging,
+    log: CommitLog,
     properties: Arc<PlanProperties>,
 }
 
@@ -68,8 +81,15 @@ impl FileCommitExec {
             input,
             target,
             staging,
+            log: CommitLog::Manifest,
             properties: Arc::new(properties),
         }
+    }
+
+    /// The same commit, recording it with `log`.
+    pub fn with_log(mut self, log: CommitLog) -> Self {
+        self.log = log;
+        self
     }
 
     /// Where the write stages.
@@ -90,9 +110,13 @@ impl DistributedExec for FileCommitExec {
 
 impl DisplayAs for FileCommitExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let log = match self.log {
+            CommitLog::Manifest => "",
+            CommitLog::Delta(_) => ", log=delta",
+        };
         write!(
             f,
-            "FileCommitExec: target={}, staging={}",
+            "FileCommitExec: target={}{log}, staging={}",
             self.target.url, self.staging
         )
     }
@@ -128,11 +152,9 @@ impl ExecutionPlan for FileCommitExec {
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let input = only_child(self.name(), children)?;
-        Ok(Arc::new(Self::new(
-            input,
-            self.target.clone(),
-            self.staging.clone(),
-        )))
+        Ok(Arc::new(
+            Self::new(input, self.target.clone(), self.staging.clone()).with_log(self.log.clone()),
+        ))
     }
 
     fn with_new_children(
@@ -153,12 +175,20 @@ impl ExecutionPlan for FileCommitExec {
         let staged = self.input.execute(0, Arc::clone(&context))?;
         let target = self.target.clone();
         let staging = self.staging.clone();
+        let log = self.log.clone();
         let schema = self.schema();
         let out = Arc::clone(&schema);
         let commit = async move {
             let batches: Vec<RecordBatch> = staged.try_collect().await?;
-            let store = context.runtime_env().object_store(&staging.store)?;
-            let rows = commit_once(store.as_ref(), &target, &staging, &batches).await?;
+            let runtime = context.runtime_env();
+            let store = runtime.object_store(&staging.store)?;
+            let logger = Logger {
+                store: &store,
+                runtime: &runtime,
+                log: &log,
+                token: &staging.token,
+            };
+            let rows = commit_once(&logger, &target, &staging, &batches).await?;
             Ok(RecordBatch::try_new(
                 out,
                 vec![Arc::new(UInt64Array::from(vec![rows]))],
@@ -233,12 +263,21 @@ struct Move {
     to: Path,
 }
 
+/// The store a commit moves files in, and how it records them.
+struct Logger<'a> {
+    store: &'a Arc<dyn ObjectStore>,
+    runtime: &'a RuntimeEnv,
+    log: &'a CommitLog,
+    token: &'a str,
+}
+
 async fn commit_once(
-    store: &dyn ObjectStore,
+    logger: &Logger<'_>,
     target: &WriteTarget,
     staging: &Staging,
     batches: &[RecordBatch],
 ) -> Result<u64> {
+    let store = logger.store.as_ref();
     if let Some(rows) = committed_rows(staging) {
         return Ok(rows);
     }
@@ -252,7 +291,7 @@ async fn commit_once(
         )));
     }
     let (rows, moves) = staged_moves(target, staging, batches)?;
-    match commit(store, target, &moves).await {
+    match commit(logger, target, &moves).await {
         Ok(()) => {
             record_commit(staging, rows);
             remove_staging(store, staging).await;
@@ -313,17 +352,67 @@ fn staged_moves(
     Ok((rows, moves))
 }
 
-async fn commit(store: &dyn ObjectStore, target: &WriteTarget, moves: &[Move]) -> Result<()> {
+async fn commit(logger: &Logger<'_>, target: &WriteTarget, moves: &[Move]) -> Result<()> {
+    let store = logger.store.as_ref();
     for file in moves {
         store.rename(&file.from, &file.to).await?;
     }
-    if !target.single_file {
-        let manifest = serde_manifest(target, moves);
-        store
-            .put(&target.manifest(), PutPayload::from(manifest.into_bytes()))
-            .await?;
+    match logger.log {
+        CommitLog::Manifest if !target.single_file => {
+            let manifest = serde_manifest(target, moves);
+            store
+                .put(&target.manifest(), PutPayload::from(manifest.into_bytes()))
+                .await?;
+        }
+        CommitLog::Manifest => {}
+        CommitLog::Delta(url) => {
+            let mut files = Vec::with_capacity(moves.len());
+            for file in moves {
+                files.push(added_file(logger.store, target, &file.to).await?);
+            }
+            crate::delta::commit_append(logger.runtime, url, logger.token, &files).await?;
+        }
     }
     Ok(())
+}
+
+/// The Delta `add` of the committed file `path`: its path in the table, size, rows (from its
+/// footer) and partition values (from its `column=value` directories).
+async fn added_file(
+    store: &Arc<dyn ObjectStore>,
+    target: &WriteTarget,
+    path: &Path,
+) -> Result<crate::delta::AddedFile> {
+    let parts: Vec<String> = path
+        .prefix_match(&target.path)
+        .map(|parts| parts.map(|part| part.as_ref().to_string()).collect())
+        .unwrap_or_default();
+    let Some((_, directories)) = parts.split_last() else {
+        return internal_err!("{path} is not under the table {}", target.url);
+    };
+    let mut partition_values = std::collections::HashMap::new();
+    for directory in directories {
+        let Some((column, value)) = directory.split_once('=') else {
+            return internal_err!("{path}: {directory} is not a column=value directory");
+        };
+        let value = percent_encoding::percent_decode_str(value)
+            .decode_utf8_lossy()
+            .into_owned();
+        // Delta reads an empty partition value as null (DataFusion writes a null string so).
+        partition_values.insert(column.to_string(), (!value.is_empty()).then_some(value));
+    }
+    let meta = store.head(path).await?;
+    let rows = DFParquetMetadata::new(store.as_ref(), &meta)
+        .fetch_metadata()
+        .await?
+        .file_metadata()
+        .num_rows();
+    Ok(crate::delta::AddedFile {
+        path: parts.join("/"),
+        size: meta.size as i64,
+        partition_values,
+        rows: rows.max(0) as u64,
+    })
 }
 
 /// The manifest: one committed path per line, relative to the target.
@@ -422,7 +511,24 @@ mod tests {
         crate::write::file_write::staged_batch(&dir, files.len() as u64, &names).unwrap()
     }
 
-    fn setup() -> (InMemory, WriteTarget, Staging) {
+    async fn commit_in(
+        store: &Arc<InMemory>,
+        target: &WriteTarget,
+        staging: &Staging,
+        batches: &[RecordBatch],
+    ) -> Result<u64> {
+        let dyn_store: Arc<dyn ObjectStore> = Arc::clone(store) as Arc<dyn ObjectStore>;
+        let runtime = RuntimeEnv::default();
+        let logger = Logger {
+            store: &dyn_store,
+            runtime: &runtime,
+            log: &CommitLog::Manifest,
+            token: &staging.token,
+        };
+        commit_once(&logger, target, staging, batches).await
+    }
+
+    fn setup() -> (Arc<InMemory>, WriteTarget, Staging) {
         let target = WriteTarget {
             store: ObjectStoreUrl::parse("memory://").unwrap(),
             path: Path::from("lake/out"),
@@ -430,7 +536,7 @@ mod tests {
             url: "memory:///lake/out/".into(),
         };
         let staging = Staging::beside(&target).unwrap();
-        (InMemory::new(), target, staging)
+        (Arc::new(InMemory::new()), target, staging)
     }
 
     async fn keys(store: &InMemory) -> Vec<String> {
@@ -450,7 +556,7 @@ mod tests {
         let accepted = stage(&store, &staging, "j1-s0-p0-a1", &["k=A/f1.parquet"]).await;
         // A replaced attempt's files are staged too, but no accepted row names them.
         stage(&store, &staging, "j1-s0-p0-a0", &["k=A/f0.parquet"]).await;
-        let rows = commit_once(&store, &target, &staging, std::slice::from_ref(&accepted))
+        let rows = commit_in(&store, &target, &staging, std::slice::from_ref(&accepted))
             .await
             .unwrap();
         assert_eq!(rows, 1);
@@ -461,7 +567,7 @@ mod tests {
         // A second run of the same statement's commit (its region ran again) moves nothing.
         let again = stage(&store, &staging, "j1-s0-p0-a2", &["k=A/f2.parquet"]).await;
         assert_eq!(
-            commit_once(&store, &target, &staging, &[again])
+            commit_in(&store, &target, &staging, &[again])
                 .await
                 .unwrap(),
             1
@@ -482,7 +588,7 @@ mod tests {
         let (store, target, staging) = setup();
         assert!(start_commit(&staging)); // a first run that never finished
         let batch = stage(&store, &staging, "j1-s0-p0-a1", &["f1.csv"]).await;
-        let error = commit_once(&store, &target, &staging, &[batch])
+        let error = commit_in(&store, &target, &staging, &[batch])
             .await
             .unwrap_err()
             .to_string();

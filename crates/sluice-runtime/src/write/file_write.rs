@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ListBuilder, RecordBatch, StringArray, StringBuilder, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::file_format::csv::CsvSink;
 use datafusion::datasource::file_format::json::JsonSink;
 use datafusion::datasource::file_format::parquet::ParquetSink;
@@ -230,14 +230,18 @@ impl ExecutionPlan for FileWriteExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        // Outside a task attempt (local mode runs the plan in one process, each partition
+        // once) the partition writes as attempt 0 of a job 0.
         let key = context
             .session_config()
             .get_extension::<AttemptKey>()
-            .ok_or_else(|| {
-                DataFusionError::Internal(format!(
-                    "FileWriteExec partition {partition} runs outside a task attempt"
-                ))
-            })?;
+            .map(|key| *key)
+            .unwrap_or(AttemptKey {
+                job: sluice_planner::JobId(0),
+                stage: sluice_planner::StageId(0),
+                partition,
+                attempt: 0,
+            });
         let dir = self.staging.attempt_dir(&key);
         let sink = self
             .format

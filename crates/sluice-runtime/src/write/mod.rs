@@ -41,7 +41,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::Stream;
 use futures::future::BoxFuture;
 
-pub use commit::FileCommitExec;
+pub use commit::{CommitLog, FileCommitExec};
 pub use file_write::{FileWriteExec, SinkFormat};
 pub use layout::{Staging, WriteTarget};
 
@@ -50,6 +50,11 @@ pub use layout::{Staging, WriteTarget};
 pub fn stage_file_writes(
     plan: Arc<dyn ExecutionPlan>,
 ) -> Result<(Arc<dyn ExecutionPlan>, Option<Staging>)> {
+    if let Some(commit) = plan.downcast_ref::<FileCommitExec>() {
+        // Planned staged already (an INSERT into a Delta table).
+        let staging = commit.staging().clone();
+        return Ok((plan, Some(staging)));
+    }
     let Some(sink) = plan.downcast_ref::<DataSinkExec>() else {
         return Ok((plan, None));
     };
@@ -59,8 +64,21 @@ pub fn stage_file_writes(
     if format.config().insert_op != InsertOp::Append || format.config().table_paths.len() != 1 {
         return Ok((plan, None));
     }
+    let commit = staged_write(Arc::clone(sink.input()), format, CommitLog::Manifest)?;
+    let staging = commit
+        .downcast_ref::<FileCommitExec>()
+        .map(|commit| commit.staging().clone());
+    Ok((commit, staging))
+}
+
+/// `input` written with `format`'s sink by a task per partition into a new staging prefix, and
+/// committed with `log` by the driver: `FileCommitExec` over the `FileWriteExec`s.
+pub fn staged_write(
+    input: Arc<dyn ExecutionPlan>,
+    format: SinkFormat,
+    log: CommitLog,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let target = WriteTarget::of(format.config())?;
-    let input = Arc::clone(sink.input());
     let per_task = if target.single_file {
         input
     } else {
@@ -74,8 +92,9 @@ pub fn stage_file_writes(
     } else {
         write
     };
-    let commit = FileCommitExec::new(staged, target, staging.clone());
-    Ok((Arc::new(commit), Some(staging)))
+    Ok(Arc::new(
+        FileCommitExec::new(staged, target, staging).with_log(log),
+    ))
 }
 
 /// `plan` without the merge DataFusion put above it for its single-partition sink: each partition
