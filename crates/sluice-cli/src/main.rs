@@ -208,7 +208,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
 const EXIT_CANCELLED: u8 = 130;
 
 fn main() -> ExitCode {
-    sluice_server::tls::install_default_crypto_provider();
+    sluice_runtime::install_default_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
@@ -259,7 +259,12 @@ fn main() -> ExitCode {
         .and_then(|config| commands::run(cli.command, config, &runtime));
     // The trace export flushes while the runtime its connection lives on still runs.
     drop(logging);
-    // Do not wait for work still unwinding after a cancellation: the process is ending.
+    // A cancelled write's staging is removed, and a commit that began before the cancel ends,
+    // before the process does (at most half a minute)...
+    runtime.block_on(sluice_runtime::write::finish_detached_work(
+        std::time::Duration::from_secs(30),
+    ));
+    // ... but nothing else still unwinding after a cancellation is waited for.
     runtime.shutdown_background();
     match result {
         Ok(code) => code,

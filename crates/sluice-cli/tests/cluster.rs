@@ -13,38 +13,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{sluice, tls_files};
+use common::{signal, sluice, tls_files, worker_pids};
 
 use common::sf01_dir as sf01;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// The `sluice worker` processes whose parent is `parent`.
-fn worker_pids(parent: u32) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let (Ok(stat), Ok(cmdline)) = (
-            std::fs::read_to_string(format!("/proc/{pid}/stat")),
-            std::fs::read(format!("/proc/{pid}/cmdline")),
-        ) else {
-            continue;
-        };
-        let Some((_, after_name)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let ppid = after_name.split_whitespace().nth(1);
-        let is_worker = cmdline.split(|b| *b == 0).any(|arg| arg == b"worker");
-        if ppid == Some(parent.to_string().as_str()) && is_worker {
-            pids.push(pid);
-        }
-    }
-    pids.sort();
-    pids
 }
 
 /// Whether `pid` is a live process (a zombie waiting to be reaped counts as gone).
@@ -67,14 +41,6 @@ fn wait_until_gone(pids: &[u32], within: Duration) -> Vec<u32> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .args([format!("-{name}"), pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}");
 }
 
 /// A running client whose stderr is collected line by line.

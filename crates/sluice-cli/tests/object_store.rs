@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::s3::{S3Server, free_port};
-use common::{sluice, tpch_dir};
+use common::{sf01_dir, signal, sluice, tpch_dir, worker_pids};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -150,6 +150,15 @@ fn the_secret_appears_in_no_output_log_or_explain() {
     // The plans name the objects they read; the scan ran on the workers and read every row.
     assert!(all.contains("sf0.01/lineitem/part-0.parquet"), "{all}");
     assert!(all.contains("scanned: 25 rows"), "{all}");
+    // ... and says how many bytes the scan fetched from the store (the Parquet byte ranges).
+    let fetched = all
+        .split("scanned: 25 rows, ")
+        .nth(1)
+        .and_then(|rest| rest.split(" fetched").next())
+        .unwrap_or_else(|| panic!("no bytes fetched: {all}"));
+    let (number, unit) = fetched.split_once(' ').unwrap();
+    assert!(number.parse::<f64>().unwrap() > 0.0, "{all}");
+    assert!(["B", "KiB"].contains(&unit), "{all}");
     assert!(all.contains("| 5 "), "{all}");
     assert!(!all.contains(&s3.secret), "the secret in the output");
     let mut config = s3.sluice();
@@ -378,4 +387,94 @@ fn a_delta_table_on_s3_reads_as_deltalake_reads_it_and_takes_one_insert_commit()
         .filter(|key| key.contains(".sluice-staging"))
         .collect();
     assert_eq!(staged, Vec::<&str>::new());
+}
+
+#[test]
+fn a_copy_to_s3_survives_a_killed_worker_and_a_cancelled_one_leaves_nothing() {
+    use std::process::Stdio;
+    let s3 = S3Server::start();
+    let data = sf01_dir();
+    // Four times lineitem, written in row groups of 20,000 rows through 5 MiB upload parts: each
+    // file is a multipart upload under way well before its write task ends, so the write can be
+    // seen staging (and a worker killed, or the statement cancelled, in the middle of it).
+    let times = |n: u32| {
+        format!("select l.* from lineitem l cross join (select * from generate_series(1, {n}))")
+    };
+    let mut local = sluice();
+    local
+        .arg("sql")
+        .arg("--data")
+        .arg(data)
+        .args(["--format", "csv"])
+        .arg(format!(
+            "select l_returnflag, count(*), sum(l_orderkey), sum(l_linenumber) from ({}) \
+         group by 1 order by 1",
+            times(4)
+        ));
+    let expected: Vec<String> = text(&ok(local).stdout)
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    let copy = |n: u32, target: &str| {
+        let mut command = s3.sluice();
+        command
+            .args(["--mode", "cluster", "--workers", "3", "sql", "--data"])
+            .arg(data)
+            .args(["--format", "csv"])
+            .arg(format!(
+                "SET datafusion.execution.objectstore_writer_buffer_size = 5242880; \
+                 COPY ({}) TO 's3://lake/{target}/' STORED AS PARQUET \
+                 PARTITIONED BY (l_returnflag) OPTIONS ('format.max_row_group_size' '20000')",
+                times(n)
+            ))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command.spawn().unwrap()
+    };
+    let staged_keys = |inspected: &serde_json::Value| -> Vec<String> {
+        keys_under(inspected, "")
+            .into_iter()
+            .filter(|key| key.contains(".sluice-staging"))
+            .map(str::to_string)
+            .collect()
+    };
+
+    // A worker killed while the write tasks stage files: the job still succeeds, exactly once.
+    let client = copy(4, "killed");
+    s3.wait_staged();
+    let pids = worker_pids(client.id());
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    signal(pids[0], "KILL");
+    let output = client.wait_with_output().unwrap();
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(text(&output.stdout), "count\n2402288\n", "{stderr}");
+    assert!(stderr.contains(" lost"), "the loss is reported: {stderr}");
+    let inspected = s3.inspect(Some("killed/"));
+    let groups: Vec<&str> = inspected["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap())
+        .collect();
+    assert_eq!(groups, expected, "{stderr}");
+    assert!(
+        keys_under(&inspected, "killed/").contains(&"killed/_SUCCESS"),
+        "{inspected}"
+    );
+    assert_eq!(staged_keys(&inspected), Vec::<String>::new());
+
+    // Ctrl-C while a write of 30 times the table stages its files: nothing under the target,
+    // nothing staged.
+    let client = copy(30, "cancelled");
+    s3.wait_staged();
+    signal(client.id(), "INT");
+    let output = client.wait_with_output().unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert_eq!(text(&output.stdout), "", "{stderr}");
+    let inspected = s3.inspect(None);
+    assert_eq!(keys_under(&inspected, "cancelled"), Vec::<&str>::new());
+    assert_eq!(staged_keys(&inspected), Vec::<String>::new());
 }

@@ -223,6 +223,7 @@ impl ClusterLink {
         let Some(tls) = &self.tls else {
             return endpoint(address);
         };
+        sluice_runtime::install_default_crypto_provider();
         let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
         let config = ClientTlsConfig::new()
             .ca_certificate(tls.ca.clone())
@@ -247,13 +248,16 @@ impl ClusterLink {
             .http2_keepalive_timeout(Some(crate::net::KEEP_ALIVE_TIMEOUT));
         match &self.tls {
             None => Ok(server),
-            Some(tls) => server
-                .tls_config(
-                    ServerTlsConfig::new()
-                        .identity(tls.identity.clone())
-                        .client_ca_root(tls.ca.clone()),
-                )
-                .map_err(|e| DataFusionError::Configuration(format!("TLS server setup: {e}"))),
+            Some(tls) => {
+                sluice_runtime::install_default_crypto_provider();
+                server
+                    .tls_config(
+                        ServerTlsConfig::new()
+                            .identity(tls.identity.clone())
+                            .client_ca_root(tls.ca.clone()),
+                    )
+                    .map_err(|e| DataFusionError::Configuration(format!("TLS server setup: {e}")))
+            }
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct TaskMetrics {
     pub read_remote_bytes: u64,
     /// Rows its table scans produced.
     pub scanned_rows: u64,
+    /// Bytes its table scans fetched (the byte ranges Parquet scans read from files or object
+    /// stores; DataFusion's `bytes_scanned`).
+    pub scanned_bytes: u64,
     /// Wall time of the attempt.
     pub elapsed_ms: u64,
     /// CPU time its operators measured (`elapsed_compute`, summed over the plan).
@@ -77,6 +80,7 @@ pub const TASK_METRICS: &[(&str, MetricOf)] = &[
     ("read_local_bytes", |m| m.read_local_bytes),
     ("read_remote_bytes", |m| m.read_remote_bytes),
     ("scanned_rows", |m| m.scanned_rows),
+    ("scanned_bytes", |m| m.scanned_bytes),
     ("task_ms", |m| m.elapsed_ms),
     ("compute_ms", |m| m.compute_ms),
     ("spill_count", |m| m.spill_count),
@@ -98,6 +102,7 @@ impl TaskMetrics {
         sum(&mut self.read_local_bytes, other.read_local_bytes);
         sum(&mut self.read_remote_bytes, other.read_remote_bytes);
         sum(&mut self.scanned_rows, other.scanned_rows);
+        sum(&mut self.scanned_bytes, other.scanned_bytes);
         sum(&mut self.elapsed_ms, other.elapsed_ms);
         sum(&mut self.compute_ms, other.compute_ms);
         sum(&mut self.spill_count, other.spill_count);
@@ -150,6 +155,7 @@ pub fn executed_task(plan: &Arc<dyn ExecutionPlan>, with_plan: bool) -> TaskMetr
         batches: root("channel_batches"),
         shuffled_bytes: root("channel_bytes"),
         scanned_rows: totals.scanned_rows,
+        scanned_bytes: totals.scanned_bytes,
         compute_ms: totals.compute_ns / 1_000_000,
         spill_count: totals.spill_count,
         spilled_bytes: totals.spilled_bytes,
@@ -162,6 +168,7 @@ pub fn executed_task(plan: &Arc<dyn ExecutionPlan>, with_plan: bool) -> TaskMetr
 #[derive(Debug, Default)]
 struct PlanTotals {
     scanned_rows: u64,
+    scanned_bytes: u64,
     compute_ns: u64,
     spill_count: u64,
     spilled_bytes: u64,
@@ -177,6 +184,8 @@ impl PlanTotals {
             // A leaf that is not a stage input reader scans a table (files, memory, a row).
             if plan.children().is_empty() && plan.downcast_ref::<ShuffleReaderExec>().is_none() {
                 self.scanned_rows += value(metrics.output_rows());
+                self.scanned_bytes +=
+                    value(metrics.sum_by_name("bytes_scanned").map(|v| v.as_usize()));
             }
         }
         for child in plan.children() {
@@ -292,7 +301,7 @@ pub fn median(sorted: &[u64]) -> Option<u64> {
 fn totals_text(t: &TaskMetrics) -> String {
     format!(
         "written: {} rows, {} batches, {}; read: {} rows, {} batches ({} local, {} over \
-         Flight); scanned: {} rows\ntask time {} ms, compute {} ms; spilled {} times, {}; peak \
+         Flight); scanned: {} rows, {} fetched\ntask time {} ms, compute {} ms; spilled {} times, {}; peak \
          memory {} (largest task)",
         t.rows,
         t.batches,
@@ -302,6 +311,7 @@ fn totals_text(t: &TaskMetrics) -> String {
         human_bytes(t.read_local_bytes),
         human_bytes(t.read_remote_bytes),
         t.scanned_rows,
+        human_bytes(t.scanned_bytes),
         t.elapsed_ms,
         t.compute_ms,
         t.spill_count,
@@ -406,6 +416,7 @@ mod tests {
         let a = TaskMetrics {
             rows: 1,
             read_remote_bytes: 10,
+            scanned_bytes: 1000,
             compute_ms: 5,
             spill_count: 1,
             peak_memory_bytes: 300,
@@ -415,6 +426,7 @@ mod tests {
         let b = TaskMetrics {
             rows: 2,
             read_remote_bytes: 20,
+            scanned_bytes: 24,
             compute_ms: 7,
             peak_memory_bytes: 200,
             ..TaskMetrics::default()
@@ -427,6 +439,7 @@ mod tests {
             TaskMetrics {
                 rows: 3,
                 read_remote_bytes: 30,
+                scanned_bytes: 1024,
                 compute_ms: 12,
                 spill_count: 1,
                 peak_memory_bytes: 300,
@@ -436,7 +449,7 @@ mod tests {
         // Every counter is named once for the REST API and the tables.
         let names: std::collections::HashSet<&str> = TASK_METRICS.iter().map(|(n, _)| *n).collect();
         assert_eq!(names.len(), TASK_METRICS.len());
-        assert_eq!(TASK_METRICS.len(), 13);
+        assert_eq!(TASK_METRICS.len(), 14);
     }
 
     #[test]

@@ -53,3 +53,12 @@ pub use runner::{JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner};
 pub use stream_store::{StoreCounts, StreamStore, TaskSender, TaskStreams, receiver_stream};
 pub use task::{TaskInput, assemble_task, task_inputs};
 pub use worker::{Worker, WorkerOptions};
+
+/// Makes ring the process's default TLS provider (once; a later call changes nothing). tonic's
+/// TLS setups take the process default, and the build holds two providers (the Delta kernel's
+/// HTTP client brings rustls's aws-lc-rs provider beside the ring one every other client uses),
+/// so without this there would be none: every TLS setup calls it first.
+pub fn install_default_crypto_provider() {
+    // Already installed: the first one stands.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -48,6 +48,7 @@ impl RemoteSession {
                 Channel::from_shared(format!("http://{rest}")).map_err(|e| bad(&e))?
             }
             (Some(("grpc+tls", rest)), Some(ca)) => {
+                sluice_runtime::install_default_crypto_provider();
                 let host = rest.rsplit_once(':').map_or(rest, |(host, _)| host);
                 let tls = ClientTlsConfig::new()
                     .ca_certificate(Certificate::from_pem(ca))

@@ -16,14 +16,6 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tonic::transport::{Identity, ServerTlsConfig};
 
-/// Makes ring the process's default TLS provider. The Delta kernel's HTTP client brings rustls's
-/// aws-lc-rs provider into the build beside the ring one every other client uses, and with two
-/// providers compiled in, a TLS client built without naming one would have no default.
-pub fn install_default_crypto_provider() {
-    // Already installed (a second call): the first one stands.
-    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-}
-
 /// The front doors' certificate and key, read once.
 #[derive(Clone)]
 pub struct FrontDoorTls {
@@ -83,6 +75,7 @@ impl FrontDoorTls {
 
     /// The Flight SQL endpoint's TLS setup.
     pub(crate) fn grpc(&self) -> ServerTlsConfig {
+        sluice_runtime::install_default_crypto_provider();
         ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
     }
 

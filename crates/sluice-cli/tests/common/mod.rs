@@ -272,3 +272,38 @@ pub fn http_text(method: &str, address: &str, path: &str) -> (u16, String) {
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, body.to_string())
 }
+
+/// The `sluice worker` processes whose parent is `parent`.
+pub fn worker_pids(parent: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let (Ok(stat), Ok(cmdline)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/stat")),
+            std::fs::read(format!("/proc/{pid}/cmdline")),
+        ) else {
+            continue;
+        };
+        let Some((_, after_name)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid = after_name.split_whitespace().nth(1);
+        let is_worker = cmdline.split(|b| *b == 0).any(|arg| arg == b"worker");
+        if ppid == Some(parent.to_string().as_str()) && is_worker {
+            pids.push(pid);
+        }
+    }
+    pids.sort();
+    pids
+}
+
+/// Sends signal `name` (`KILL`, `INT`, ...) to `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}

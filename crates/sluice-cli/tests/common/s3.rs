@@ -159,6 +159,23 @@ impl S3Server {
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
+    /// Waits until a write staged an object, or started a multipart upload of one, under a
+    /// `.sluice-staging/` prefix of bucket `lake` (`tests/python/s3_wait_staged.py`, listing every
+    /// 20 ms for at most 60 s).
+    #[allow(dead_code)] // not every test binary writes
+    pub fn wait_staged(&self) {
+        let output = Command::new(python_bin().join("python"))
+            .arg(Path::new(PYTHON_DIR).join("s3_wait_staged.py"))
+            .args([&self.endpoint, &self.key_id, &self.secret, "lake"])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "s3_wait_staged.py: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     /// `sluice` pointed at this server with its key.
     pub fn sluice(&self) -> Command {
         self.sluice_with(&self.endpoint, &self.secret)

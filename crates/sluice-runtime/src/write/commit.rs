@@ -17,7 +17,7 @@
 //! still running in this process is never removed (two drivers must not write one target at once,
 //! as with Spark's committers).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -41,6 +41,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sluice_planner::plan::{RECOMPUTE, only_child};
 use sluice_planner::{DistributedExec, NodeDistribution};
+use tokio::sync::watch;
 
 use super::layout::{Staging, WriteTarget, join};
 
@@ -182,13 +183,14 @@ impl ExecutionPlan for FileCommitExec {
             let batches: Vec<RecordBatch> = staged.try_collect().await?;
             let runtime = context.runtime_env();
             let store = runtime.object_store(&staging.store)?;
-            let logger = Logger {
-                store: &store,
-                runtime: &runtime,
-                log: &log,
-                token: &staging.token,
+            let statement = Statement {
+                store,
+                runtime,
+                log,
+                target,
+                staging,
             };
-            let rows = commit_once(&logger, &target, &staging, &batches).await?;
+            let rows = statement.commit_once(batches).await?;
             Ok(RecordBatch::try_new(
                 out,
                 vec![Arc::new(UInt64Array::from(vec![rows]))],
@@ -229,15 +231,20 @@ fn record_commit(staging: &Staging, rows: u64) {
     }
 }
 
-/// Statements whose commit started in this process (by staging key).
-static COMMITTING: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
+/// How a statement's commit ended: its rows, or why it failed.
+type Outcome = std::result::Result<u64, Arc<DataFusionError>>;
 
-/// Claims `staging`'s commit: `false` when a run of it already started.
-fn start_commit(staging: &Staging) -> bool {
-    COMMITTING
+/// The commits started in this process (by staging key), until their statement ends: every run
+/// of a statement's commit (its region run again) waits for the one commit.
+static COMMITS: LazyLock<Mutex<HashMap<String, watch::Receiver<Option<Outcome>>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Whether `staging`'s commit started in this process: from then on the commit owns the
+/// statement's staging (it removes it whether it succeeds or fails).
+pub fn commit_started(staging: &Staging) -> bool {
+    COMMITS
         .lock()
-        .map(|mut started| started.insert(staging.key()))
-        .unwrap_or(false)
+        .is_ok_and(|commits| commits.contains_key(&staging.key()))
 }
 
 /// Marks `staging`'s statement as running (its staging is not stale) until [`finished`].
@@ -252,8 +259,8 @@ pub fn finished(staging: &Staging) {
     if let Ok(mut live) = LIVE.lock() {
         live.remove(&staging.key());
     }
-    if let Ok(mut started) = COMMITTING.lock() {
-        started.remove(&staging.key());
+    if let Ok(mut commits) = COMMITS.lock() {
+        commits.remove(&staging.key());
     }
 }
 
@@ -263,50 +270,103 @@ struct Move {
     to: Path,
 }
 
-/// The store a commit moves files in, and how it records them.
-struct Logger<'a> {
-    store: &'a Arc<dyn ObjectStore>,
-    runtime: &'a RuntimeEnv,
-    log: &'a CommitLog,
-    token: &'a str,
+/// A statement's write, as its commit needs it.
+#[derive(Clone)]
+struct Statement {
+    store: Arc<dyn ObjectStore>,
+    runtime: Arc<RuntimeEnv>,
+    log: CommitLog,
+    target: WriteTarget,
+    staging: Staging,
 }
 
-async fn commit_once(
-    logger: &Logger<'_>,
-    target: &WriteTarget,
-    staging: &Staging,
-    batches: &[RecordBatch],
-) -> Result<u64> {
-    let store = logger.store.as_ref();
-    if let Some(rows) = committed_rows(staging) {
-        return Ok(rows);
-    }
-    if !start_commit(staging) {
-        // An earlier run of this commit was stopped part-way (its region ran again while it
-        // moved files): committing again could write rows twice, so the write fails instead.
-        return Err(DataFusionError::Execution(format!(
-            "the write to {} was interrupted while it was being committed; files under the \
-             target not listed in a _SUCCESS newer than the statement may be partial",
-            target.url
-        )));
-    }
-    let (rows, moves) = staged_moves(target, staging, batches)?;
-    match commit(logger, target, &moves).await {
-        Ok(()) => {
-            record_commit(staging, rows);
-            remove_staging(store, staging).await;
-            Ok(rows)
+impl Statement {
+    /// Commits the statement's staged files named in `batches`, once: the commit runs on a task
+    /// of its own, so a statement cancelled (or a region stopped) while it moves files never
+    /// leaves part of them under the target; a process about to exit waits for it (see
+    /// [`super::finish_detached_work`]). A second run while the statement lives returns the
+    /// first one's outcome.
+    async fn commit_once(&self, batches: Vec<RecordBatch>) -> Result<u64> {
+        if let Some(rows) = committed_rows(&self.staging) {
+            return Ok(rows);
         }
-        Err(error) => {
-            for moved in &moves {
-                let _ = store.delete(&moved.to).await;
+        let mut outcome = {
+            let mut commits = COMMITS
+                .lock()
+                .map_err(|_| DataFusionError::Internal("the commit registry is poisoned".into()))?;
+            commits
+                .entry(self.staging.key())
+                .or_insert_with(|| {
+                    let (sender, receiver) = watch::channel(None);
+                    let statement = self.clone();
+                    super::keep_until_exit(tokio::spawn(async move {
+                        let outcome = statement.commit(&batches).await.map_err(Arc::new);
+                        let _ = sender.send(Some(outcome));
+                    }));
+                    receiver
+                })
+                .clone()
+        };
+        let ended = outcome.wait_for(Option::is_some).await.map_err(|_| {
+            DataFusionError::Execution(format!(
+                "the commit of the write to {} stopped before it ended",
+                self.target.url
+            ))
+        })?;
+        match ended.as_ref() {
+            Some(Ok(rows)) => Ok(*rows),
+            Some(Err(error)) => Err(DataFusionError::Shared(Arc::clone(error))),
+            None => internal_err!("a commit ended without an outcome"),
+        }
+    }
+
+    async fn commit(&self, batches: &[RecordBatch]) -> Result<u64> {
+        let store = self.store.as_ref();
+        let (target, staging) = (&self.target, &self.staging);
+        let (rows, moves) = staged_moves(target, staging, batches)?;
+        match self.move_and_record(&moves).await {
+            Ok(()) => {
+                record_commit(staging, rows);
+                remove_staging(store, staging).await;
+                Ok(rows)
             }
-            remove_staging(store, staging).await;
-            Err(DataFusionError::Execution(format!(
-                "the write to {} could not be committed (nothing of it was kept): {error}",
-                target.url
-            )))
+            Err(error) => {
+                for moved in &moves {
+                    let _ = store.delete(&moved.to).await;
+                }
+                remove_staging(store, staging).await;
+                Err(DataFusionError::Execution(format!(
+                    "the write to {} could not be committed (nothing of it was kept): {error}",
+                    target.url
+                )))
+            }
         }
+    }
+
+    /// Moves the staged files into the target and records them (a manifest, or a Delta commit).
+    async fn move_and_record(&self, moves: &[Move]) -> Result<()> {
+        let (store, target) = (self.store.as_ref(), &self.target);
+        for file in moves {
+            store.rename(&file.from, &file.to).await?;
+        }
+        match &self.log {
+            CommitLog::Manifest if !target.single_file => {
+                let manifest = serde_manifest(target, moves);
+                store
+                    .put(&target.manifest(), PutPayload::from(manifest.into_bytes()))
+                    .await?;
+            }
+            CommitLog::Manifest => {}
+            CommitLog::Delta(url) => {
+                let mut files = Vec::with_capacity(moves.len());
+                for file in moves {
+                    files.push(added_file(&self.store, target, &file.to).await?);
+                }
+                let token = &self.staging.token;
+                crate::delta::commit_append(&self.runtime, url, token, &files).await?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -350,30 +410,6 @@ fn staged_moves(
         }
     }
     Ok((rows, moves))
-}
-
-async fn commit(logger: &Logger<'_>, target: &WriteTarget, moves: &[Move]) -> Result<()> {
-    let store = logger.store.as_ref();
-    for file in moves {
-        store.rename(&file.from, &file.to).await?;
-    }
-    match logger.log {
-        CommitLog::Manifest if !target.single_file => {
-            let manifest = serde_manifest(target, moves);
-            store
-                .put(&target.manifest(), PutPayload::from(manifest.into_bytes()))
-                .await?;
-        }
-        CommitLog::Manifest => {}
-        CommitLog::Delta(url) => {
-            let mut files = Vec::with_capacity(moves.len());
-            for file in moves {
-                files.push(added_file(logger.store, target, &file.to).await?);
-            }
-            crate::delta::commit_append(logger.runtime, url, logger.token, &files).await?;
-        }
-    }
-    Ok(())
 }
 
 /// The Delta `add` of the committed file `path`: its path in the table, size, rows (from its
@@ -461,19 +497,53 @@ pub async fn remove_staging(store: &dyn ObjectStore, staging: &Staging) {
             let _ = store.delete(&object.location).await;
         }
     }
-    remove_empty_local_dirs(staging);
+    remove_local_leftovers(staging, &live);
 }
 
-/// A local file system keeps the directories of deleted files: remove the staging directories
-/// left empty (never one that still holds a file).
-fn remove_empty_local_dirs(staging: &Staging) {
+/// A local file system keeps the directories of deleted files, and the `name#N` part files of
+/// uploads a killed process never finished (its store's listing hides them): remove those under
+/// every staging directory this call removed, then the directories left empty (never one that
+/// still holds a file of a live statement).
+fn remove_local_leftovers(staging: &Staging, live: &HashSet<String>) {
     if staging.store.as_str() != "file:///" {
         return;
     }
     let root = std::path::PathBuf::from(format!("/{}", staging.root));
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for entry in entries.flatten() {
+            let token = entry.file_name().to_string_lossy().into_owned();
+            let other = Staging {
+                token,
+                ..staging.clone()
+            };
+            if other.token == staging.token || !live.contains(&other.key()) {
+                remove_unfinished_uploads(&entry.path());
+            }
+        }
+    }
     remove_empty_dirs(&root);
     if let Some(parent) = root.parent() {
         let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Whether `name` is the part file of an unfinished local upload (`file.parquet#3`).
+fn is_unfinished_upload(name: &str) -> bool {
+    name.rsplit_once('#')
+        .is_some_and(|(_, suffix)| !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn remove_unfinished_uploads(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_unfinished_uploads(&path);
+        } else if is_unfinished_upload(&entry.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }
 
@@ -511,21 +581,25 @@ mod tests {
         crate::write::file_write::staged_batch(&dir, files.len() as u64, &names).unwrap()
     }
 
+    fn statement(store: &Arc<InMemory>, target: &WriteTarget, staging: &Staging) -> Statement {
+        Statement {
+            store: Arc::clone(store) as Arc<dyn ObjectStore>,
+            runtime: Arc::new(RuntimeEnv::default()),
+            log: CommitLog::Manifest,
+            target: target.clone(),
+            staging: staging.clone(),
+        }
+    }
+
     async fn commit_in(
         store: &Arc<InMemory>,
         target: &WriteTarget,
         staging: &Staging,
         batches: &[RecordBatch],
     ) -> Result<u64> {
-        let dyn_store: Arc<dyn ObjectStore> = Arc::clone(store) as Arc<dyn ObjectStore>;
-        let runtime = RuntimeEnv::default();
-        let logger = Logger {
-            store: &dyn_store,
-            runtime: &runtime,
-            log: &CommitLog::Manifest,
-            token: &staging.token,
-        };
-        commit_once(&logger, target, staging, batches).await
+        statement(store, target, staging)
+            .commit_once(batches.to_vec())
+            .await
     }
 
     fn setup() -> (Arc<InMemory>, WriteTarget, Staging) {
@@ -548,6 +622,36 @@ mod tests {
             .unwrap();
         keys.sort();
         keys
+    }
+
+    #[tokio::test]
+    async fn removing_a_local_staging_also_removes_the_part_files_of_a_killed_upload() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let target = WriteTarget {
+            store: ObjectStoreUrl::parse("file://").unwrap(),
+            path: Path::from_filesystem_path(&out).unwrap(),
+            single_file: false,
+            url: format!("{}/", out.display()),
+        };
+        let staging = Staging::beside(&target).unwrap();
+        let attempt =
+            std::path::PathBuf::from(format!("/{}", staging.dir())).join("j1-s0-p0-a0/k=A");
+        std::fs::create_dir_all(&attempt).unwrap();
+        std::fs::write(attempt.join("done.parquet"), "x").unwrap();
+        // What object_store's local upload leaves when its process is killed mid-write.
+        std::fs::write(attempt.join("part.parquet#1"), "x").unwrap();
+        let store = object_store::local::LocalFileSystem::new();
+        remove_staging(&store, &staging).await;
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, vec!["out".to_string()]);
+        assert!(is_unfinished_upload("a.parquet#12"));
+        assert!(!is_unfinished_upload("a#b.parquet"));
+        assert!(!is_unfinished_upload("a.parquet#"));
     }
 
     #[tokio::test]
@@ -584,24 +688,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_commit_run_again_after_it_was_stopped_part_way_fails_instead_of_committing_twice() {
+    async fn a_commit_whose_run_is_dropped_part_way_still_ends_and_a_second_run_shares_it() {
         let (store, target, staging) = setup();
-        assert!(start_commit(&staging)); // a first run that never finished
-        let batch = stage(&store, &staging, "j1-s0-p0-a1", &["f1.csv"]).await;
-        let error = commit_in(&store, &target, &staging, &[batch])
-            .await
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("interrupted while it was being committed"),
-            "{error}"
-        );
-        assert!(
-            !keys(&store)
-                .await
-                .iter()
-                .any(|k| k.starts_with("lake/out/"))
+        started(&staging);
+        let first = stage(&store, &staging, "j1-s0-p0-a1", &["f1.csv"]).await;
+        let second = stage(&store, &staging, "j1-s0-p0-a2", &["f2.csv"]).await;
+        let statement = statement(&store, &target, &staging);
+        // The first run starts the commit (on this one-thread runtime its task has not run yet)
+        // and is dropped, as a cancelled statement's stream is.
+        let mut run = Box::pin(statement.commit_once(vec![first]));
+        assert!(futures::poll!(run.as_mut()).is_pending());
+        drop(run);
+        assert!(commit_started(&staging));
+        // A second run (a region run again) gets the first commit's rows and moves nothing else.
+        assert_eq!(statement.commit_once(vec![second]).await.unwrap(), 1);
+        assert_eq!(
+            keys(&store).await,
+            vec![
+                "lake/out/_SUCCESS".to_string(),
+                "lake/out/f1.csv".to_string()
+            ]
         );
         finished(&staging);
+        assert!(!commit_started(&staging));
     }
 }

@@ -113,6 +113,30 @@ fn unmerged(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     plan
 }
 
+/// Work of ended statements still running on its own: commits that began before their statement
+/// was cancelled, and staging removals of cancelled statements (see `Drop` below).
+static DETACHED: std::sync::LazyLock<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
+    std::sync::LazyLock::new(|| std::sync::Mutex::new(Vec::new()));
+
+/// Keeps `task` (a statement's commit or staging removal) for [`finish_detached_work`].
+fn keep_until_exit(task: tokio::task::JoinHandle<()>) {
+    if let Ok(mut detached) = DETACHED.lock() {
+        detached.retain(|task| !task.is_finished());
+        detached.push(task);
+    }
+}
+
+/// Waits, at most `within`, for the commits and staging removals of ended statements that are
+/// still under way: a process that is about to exit (a CLI cancelled with Ctrl-C) calls it so
+/// that a cancelled write leaves neither staging nor half a commit behind.
+pub async fn finish_detached_work(within: std::time::Duration) {
+    let detached: Vec<tokio::task::JoinHandle<()>> = match DETACHED.lock() {
+        Ok(mut detached) => detached.drain(..).collect(),
+        Err(_) => return,
+    };
+    let _ = tokio::time::timeout(within, futures::future::join_all(detached)).await;
+}
+
 /// How long after a failed write's first staging removal the second one runs.
 const STRAGGLER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -145,9 +169,11 @@ impl StagedWriteGuard {
         }
     }
 
-    /// The removal of the statement's staging, unless its write was committed.
+    /// The removal of the statement's staging, unless its commit started (the commit then
+    /// removes it, whatever its outcome).
     fn removal(&self) -> Option<BoxFuture<'static, ()>> {
-        if commit::committed_rows(&self.staging).is_some() {
+        if commit::committed_rows(&self.staging).is_some() || commit::commit_started(&self.staging)
+        {
             return None;
         }
         let store = self.runtime.object_store(&self.staging.store).ok()?;
@@ -206,15 +232,15 @@ impl Drop for StagedWriteGuard {
         if self.done {
             return;
         }
-        commit::finished(&self.staging);
         // Dropped before its end (a cancel): the job and its write tasks are being stopped. The
         // removal is the statement's, not an operator's work, so it runs on without the stream.
         let removal = match self.removing.take() {
             Some((removal, _)) => Some(removal),
             None => self.removal(),
         };
+        commit::finished(&self.staging);
         if let (Some(removal), Ok(handle)) = (removal, tokio::runtime::Handle::try_current()) {
-            drop(handle.spawn(removal));
+            keep_until_exit(handle.spawn(removal));
         }
     }
 }
