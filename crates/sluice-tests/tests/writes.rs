@@ -144,6 +144,53 @@ async fn a_write_that_fails_on_a_bad_row_leaves_nothing_under_its_target_or_stag
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_partition_value_is_refused_by_a_distributed_write_instead_of_written_as_zero() {
+    let faults = Arc::new(FaultPoints::default());
+    let (cluster, _runner) = cluster_session(&faults).await;
+    let graph = session(ExecutionMode::LocalGraph, &[]).await;
+    for (mode, session) in [("local-graph", &graph), ("local-cluster", &cluster)] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = format!("{}/out/", dir.path().display());
+        let error = rows(
+            session,
+            &format!(
+                "COPY (select l_orderkey, case when l_linenumber = 1 then null \
+                 else l_linenumber end as k from lineitem) TO '{target}' STORED AS PARQUET \
+                 PARTITIONED BY (k)"
+            ),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains(&format!(
+                "the write to file://{target} has a NULL in its partition column k, which \
+                 cannot name a partition directory"
+            )),
+            "{mode}: {error}"
+        );
+        assert_eq!(files_under(dir.path()), Vec::<String>::new(), "{mode}");
+        // Without the NULLs the same write goes through.
+        let written = rows(
+            session,
+            &format!(
+                "COPY (select l_orderkey, l_linenumber as k from lineitem where l_linenumber < 3) \
+                 TO '{target}' STORED AS PARQUET PARTITIONED BY (k)"
+            ),
+        )
+        .await
+        .unwrap();
+        let expected = rows(
+            session,
+            "select count(*) from lineitem where l_linenumber < 3",
+        )
+        .await
+        .unwrap();
+        assert_eq!(written, expected, "{mode}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insert_into_an_external_table_writes_through_the_workers_and_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("nations");

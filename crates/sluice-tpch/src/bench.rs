@@ -108,6 +108,8 @@ pub struct QueryReport {
     pub spilled_bytes: u64,
     /// Bytes written to shuffle channels, summed over the job's tasks (every iteration).
     pub shuffled_bytes: u64,
+    /// Bytes its scans fetched from files and object stores (every iteration).
+    pub scanned_bytes: u64,
 }
 
 impl QueryReport {
@@ -249,6 +251,7 @@ async fn run_one(
         tasks: 0,
         spilled_bytes: 0,
         shuffled_bytes: 0,
+        scanned_bytes: 0,
     };
     let query = match tpch_query(number, options.scale_factor) {
         Ok(query) => query,
@@ -266,6 +269,7 @@ async fn run_one(
     report.tasks = counters.tasks_started;
     report.spilled_bytes = counters.spilled_bytes;
     report.shuffled_bytes = counters.shuffled_bytes;
+    report.scanned_bytes = counters.scanned_bytes;
     let Some(last) = outcome else {
         return report;
     };

@@ -445,6 +445,13 @@ fn print_report(report: &BenchReport, verify: bool) {
             human_bytes(spilled)
         );
     }
+    let scanned = bytes(|q| q.scanned_bytes);
+    if scanned > 0 {
+        println!(
+            "fetched {} by scans (every iteration; --json has it per query)",
+            human_bytes(scanned)
+        );
+    }
     print_recovery(report);
     if verify || report.queries.iter().any(|q| q.matches_local.is_some()) {
         let (passed, failed) = report.counts();

@@ -148,6 +148,7 @@ impl Journal {
                 self.counters.shuffled_bytes += metrics.shuffled_bytes;
                 self.counters.read_local_bytes += metrics.read_local_bytes;
                 self.counters.read_remote_bytes += metrics.read_remote_bytes;
+                self.counters.scanned_bytes += metrics.scanned_bytes;
                 if metrics.fetch_retries > 0 {
                     self.notice(format!(
                         "{key} on {worker}: {} read(s) from other workers failed before reaching \

@@ -189,6 +189,8 @@ pub struct DriverCounters {
     pub read_local_bytes: u64,
     /// Bytes those attempts read from earlier stages on other workers (Arrow Flight).
     pub read_remote_bytes: u64,
+    /// Bytes those attempts' scans fetched from files and object stores.
+    pub scanned_bytes: u64,
 }
 
 impl DriverCounters {
@@ -207,6 +209,7 @@ impl DriverCounters {
             read_remote_bytes: self
                 .read_remote_bytes
                 .saturating_sub(earlier.read_remote_bytes),
+            scanned_bytes: self.scanned_bytes.saturating_sub(earlier.scanned_bytes),
         }
     }
 }

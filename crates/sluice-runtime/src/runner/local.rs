@@ -4,6 +4,7 @@
 //! Ctrl-C.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
@@ -11,10 +12,13 @@ use datafusion::common::runtime::JoinSet;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 use tokio::sync::mpsc;
 
 use super::{JobRunner, lazy_stream};
+use crate::analyze::executed_task;
+use crate::driver::DriverCounters;
 use crate::task_runtime::task_runtime;
 
 /// Runs plans in-process with plain DataFusion.
@@ -36,8 +40,40 @@ impl JobRunner for LocalRunner {
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let schema = plan.schema();
-        Ok(spawn_stream(schema, move || execute_stream(plan, task_ctx)))
+        Ok(spawn_stream(schema, move || {
+            let stream = execute_stream(Arc::clone(&plan), task_ctx)?;
+            Ok(count_scanned_bytes(stream, plan))
+        }))
     }
+
+    fn counters(&self) -> BoxFuture<'static, DriverCounters> {
+        let scanned_bytes = SCANNED_BYTES.load(Ordering::Relaxed);
+        Box::pin(async move {
+            DriverCounters {
+                scanned_bytes,
+                ..DriverCounters::default()
+            }
+        })
+    }
+}
+
+/// Bytes fetched by the scans of every plan local mode ran to its end in this process.
+static SCANNED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// `stream`, adding the bytes `plan`'s scans fetched to [`SCANNED_BYTES`] when it ends.
+fn count_scanned_bytes(
+    stream: SendableRecordBatchStream,
+    plan: Arc<dyn ExecutionPlan>,
+) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let counted = stream.map(Some).chain(stream::once(async move {
+        SCANNED_BYTES.fetch_add(executed_task(&plan, false).scanned_bytes, Ordering::Relaxed);
+        None
+    }));
+    Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        counted.filter_map(std::future::ready),
+    ))
 }
 
 /// A lazy stream whose batches `start` produces on the task runtime: on the first poll a task there

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ListBuilder, RecordBatch, StringArray, StringBuilder, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::file_format::csv::CsvSink;
 use datafusion::datasource::file_format::json::JsonSink;
 use datafusion::datasource::file_format::parquet::ParquetSink;
@@ -246,7 +246,11 @@ impl ExecutionPlan for FileWriteExec {
         let sink = self
             .format
             .writing_to(self.staging.sink_url(&dir, &self.target)?);
-        let data = self.input.execute(partition, Arc::clone(&context))?;
+        let data = without_null_partitions(
+            self.input.execute(partition, Arc::clone(&context))?,
+            self.format.config(),
+            &self.target.url,
+        );
         let store_url = self.staging.store.clone();
         let write = async move {
             let rows = DataSink::write_all(sink.as_ref(), data, &context).await?;
@@ -259,6 +263,42 @@ impl ExecutionPlan for FileWriteExec {
             futures::stream::once(write).boxed(),
         )))
     }
+}
+
+/// `data`, failing at the first NULL in a `PARTITIONED BY` column: DataFusion's writer would
+/// name its directory after the array slot's placeholder (`k=0`, `k=`, `k=false`), and the NULL
+/// would read back as that value.
+fn without_null_partitions(
+    data: SendableRecordBatchStream,
+    config: &FileSinkConfig,
+    target: &str,
+) -> SendableRecordBatchStream {
+    let columns: Vec<String> = config
+        .table_partition_cols
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    if columns.is_empty() {
+        return data;
+    }
+    let target = target.to_string();
+    let schema = data.schema();
+    let checked = data.map(move |batch| {
+        let batch = batch?;
+        for name in &columns {
+            if let Some(column) = batch.column_by_name(name)
+                && column.null_count() > 0
+            {
+                return Err(DataFusionError::Execution(format!(
+                    "the write to {target} has a NULL in its partition column {name}, which \
+                     cannot name a partition directory; filter the NULLs out or replace them \
+                     (coalesce) first"
+                )));
+            }
+        }
+        Ok(batch)
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, checked))
 }
 
 /// The files under `dir`, as paths inside it, sorted.
