@@ -211,6 +211,16 @@ fn tpch_gen_create_external_table_and_copy_write_to_the_store() {
 }
 
 /// The keys of `inspected` (an `S3Server::inspect`) under `prefix`.
+/// The `groups` lines `s3_inspect.py` computed from the written files.
+fn groups_of(inspected: &serde_json::Value) -> Vec<&str> {
+    inspected["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap())
+        .collect()
+}
+
 fn keys_under<'a>(inspected: &'a serde_json::Value, prefix: &str) -> Vec<&'a str> {
     inspected["keys"]
         .as_array()
@@ -256,12 +266,7 @@ fn a_distributed_copy_to_s3_commits_every_row_once_and_a_failed_one_leaves_nothi
     let stdout = text(&ok(copy).stdout);
     assert!(stdout.ends_with(&format!("count\n{total}\n")), "{stdout}");
     let inspected = s3.inspect(Some("out/"));
-    let groups: Vec<&str> = inspected["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g.as_str().unwrap())
-        .collect();
+    let groups = groups_of(&inspected);
     assert_eq!(groups, expected);
     let written = keys_under(&inspected, "out/");
     let data: Vec<&str> = written
@@ -452,12 +457,7 @@ fn a_copy_to_s3_survives_a_killed_worker_and_a_cancelled_one_leaves_nothing() {
     assert_eq!(text(&output.stdout), "count\n2402288\n", "{stderr}");
     assert!(stderr.contains(" lost"), "the loss is reported: {stderr}");
     let inspected = s3.inspect(Some("killed/"));
-    let groups: Vec<&str> = inspected["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g.as_str().unwrap())
-        .collect();
+    let groups = groups_of(&inspected);
     assert_eq!(groups, expected, "{stderr}");
     assert!(
         keys_under(&inspected, "killed/").contains(&"killed/_SUCCESS"),

@@ -299,6 +299,8 @@ impl Statement {
                 .or_insert_with(|| {
                     let (sender, receiver) = watch::channel(None);
                     let statement = self.clone();
+                    // Detached on purpose (not a SpawnedTask): dropping the statement must not
+                    // stop a commit half-way; `keep_until_exit` tracks it instead.
                     super::keep_until_exit(tokio::spawn(async move {
                         let outcome = statement.commit(&batches).await.map_err(Arc::new);
                         let _ = sender.send(Some(outcome));
@@ -489,15 +491,21 @@ pub async fn remove_staging(store: &dyn ObjectStore, staging: &Staging) {
             .and_then(|mut parts| parts.next())
             .map(|part| part.as_ref().to_string());
         let Some(token) = token else { continue };
-        let other = Staging {
-            token,
-            ..staging.clone()
-        };
-        if other.token == staging.token || !live.contains(&other.key()) {
+        if removable(staging, token, &live) {
             let _ = store.delete(&object.location).await;
         }
     }
     remove_local_leftovers(staging, &live);
+}
+
+/// Whether the staging directory `token` beside `staging`'s is removed with it: it is the
+/// statement's own, or no statement of this process still runs in it.
+fn removable(staging: &Staging, token: String, live: &HashSet<String>) -> bool {
+    let other = Staging {
+        token,
+        ..staging.clone()
+    };
+    other.token == staging.token || !live.contains(&other.key())
 }
 
 /// A local file system keeps the directories of deleted files, and the `name#N` part files of
@@ -512,11 +520,7 @@ fn remove_local_leftovers(staging: &Staging, live: &HashSet<String>) {
     if let Ok(entries) = std::fs::read_dir(&root) {
         for entry in entries.flatten() {
             let token = entry.file_name().to_string_lossy().into_owned();
-            let other = Staging {
-                token,
-                ..staging.clone()
-            };
-            if other.token == staging.token || !live.contains(&other.key()) {
+            if removable(staging, token, live) {
                 remove_unfinished_uploads(&entry.path());
             }
         }
