@@ -8,7 +8,8 @@
 //!
 //! A fourth runs the 22 queries over TPC-H SF 0.1 in an S3 API server (moto, in the driver's
 //! namespace on the bridge) whose only copy of the data it is: every worker reads the objects with
-//! the key from its own environment.
+//! the key from its own environment, and every answer equals, to the character, local mode's over
+//! the files the objects were uploaded from, computed before those were deleted.
 //!
 //! These tests need root (network namespaces, veth, tc, mount): CI runs as root. Without it they
 //! fail, saying so. They run one at a time (one lock), each with namespaces of its own prefix.
@@ -132,23 +133,36 @@ impl Netns {
     /// Starts `sluice tpch run` over SF 0.1 (q1–q22, `iterations` times, compared with local
     /// mode) as the driver.
     fn start_run(&self, iterations: usize) -> Run {
-        self.start_run_over(sf01_dir().to_str().unwrap(), iterations, &[])
+        self.start_run_over(
+            sf01_dir().to_str().unwrap(),
+            iterations,
+            &["--compare-local"],
+            &[],
+        )
     }
 
-    /// Starts `sluice tpch run --data DATA` (`iterations` times, compared with local mode) as the
-    /// driver, with `env` added to its environment.
-    fn start_run_over(&self, data: &str, iterations: usize, env: &[(&str, String)]) -> Run {
+    /// Starts `sluice tpch run --data DATA` (`iterations` times, checked by `check`: for example
+    /// `--compare-local`) as the driver, with `env` added to its environment.
+    fn start_run_over(
+        &self,
+        data: &str,
+        iterations: usize,
+        check: &[&str],
+        env: &[(&str, String)],
+    ) -> Run {
+        let iterations = iterations.to_string();
+        let mut args = vec![
+            "driver",
+            "tpch",
+            "run",
+            "--data",
+            data,
+            "--iterations",
+            &iterations,
+        ];
+        args.extend_from_slice(check);
         let mut child = self
-            .command(&[
-                "driver",
-                "tpch",
-                "run",
-                "--data",
-                data,
-                "--iterations",
-                &iterations.to_string(),
-                "--compare-local",
-            ])
+            .command(&args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -343,20 +357,94 @@ fn netns_cluster_answers_every_query_over_data_in_an_s3_server_on_the_bridge() {
         &local,
         "sf0.1",
     );
+    // Local mode's answers over the local files, computed before they are deleted.
+    let local_answers = copy.path().join("answers-local");
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--mode", "local", "tpch", "run", "--data"])
+        .arg(&local)
+        .arg("--save-answers")
+        .arg(&local_answers)
+        .env_remove("SLUICE_MODE")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "local mode over the local files: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     std::fs::remove_dir_all(&local).unwrap();
     let env = s3.env_with(&s3.endpoint, &s3.secret);
-    netns.start_workers(3, &env);
-    let (success, stdout, stderr) = netns.start_run_over("s3://lake/sf0.1", 1, &env).finish();
-    assert_all_answered(success, &stdout, &stderr);
+    // Each worker logs its finished attempts, with the bytes their scans fetched.
+    let mut worker_env = env.clone();
+    worker_env.push(("SLUICE_LOG", "sluice::worker=debug".to_string()));
+    netns.start_workers(3, &worker_env);
+    let cluster_answers = copy.path().join("answers-cluster");
+    let report = copy.path().join("report.json");
+    let check = [
+        "--answers",
+        local_answers.to_str().unwrap(),
+        "--save-answers",
+        cluster_answers.to_str().unwrap(),
+        "--json",
+        report.to_str().unwrap(),
+    ];
+    let (success, stdout, stderr) = netns
+        .start_run_over("s3://lake/sf0.1", 1, &check, &env)
+        .finish();
+    assert!(
+        success && stdout.contains("22 passed, 0 failed"),
+        "the run failed:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(stdout.matches("verified").count(), 22, "{stdout}");
     assert!(stdout.contains("TPC-H SF 0.1"), "{stdout}");
-    // Every worker joined and ran tasks of the run.
-    for worker in 1..=3 {
+    // `--answers` allows the TPC-H tolerances; the answers must be equal to the character, rows
+    // in the same order, as `--compare-local` requires.
+    for query in 1..=22 {
+        let name = format!("q{query:02}.tbl");
+        let want = std::fs::read_to_string(local_answers.join(&name)).unwrap();
+        let got = std::fs::read_to_string(cluster_answers.join(&name)).unwrap();
         assert!(
-            netns.log(worker).contains(") joined the driver at "),
-            "worker {worker}: {}",
-            netns.log(worker)
+            want.lines().count() > 1,
+            "{name} of local mode has no rows: {want}"
+        );
+        assert_eq!(
+            got, want,
+            "{name}: the cluster over S3 and local mode over the files"
         );
     }
+    // Every worker joined and ran tasks of the run, and the workers fetched every byte the run's
+    // scans fetched: no scan ran on the driver.
+    let mut fetched_by_workers = 0;
+    for worker in 1..=3 {
+        let log = netns.log(worker);
+        assert!(
+            log.contains(") joined the driver at "),
+            "worker {worker}: {log}"
+        );
+        assert!(
+            log.contains("task attempt succeeded"),
+            "worker {worker}: {log}"
+        );
+        fetched_by_workers += log
+            .lines()
+            .filter(|line| line.contains("task attempt succeeded"))
+            .filter_map(|line| line.split("scanned_bytes=").nth(1))
+            .map(|rest| rest.split(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>();
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let fetched: u64 = report["queries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|query| query["scanned_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(fetched > 0, "{report}");
+    assert_eq!(
+        fetched_by_workers, fetched,
+        "bytes the workers' scans fetched"
+    );
     assert!(
         !stderr.contains(&s3.secret),
         "the secret in the driver's output"

@@ -22,7 +22,7 @@ use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{DataFusionError, JoinType, Result, internal_err};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::TaskContext;
-use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::object_store::{ObjectStoreRegistry, ObjectStoreUrl};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::LexOrdering;
@@ -422,11 +422,25 @@ pub fn encode_stage_plan(plan: Arc<dyn ExecutionPlan>) -> Result<bytes::Bytes> {
 /// Whether `plan` comes back from the wire as it went: it encodes, decodes (functions resolving in a
 /// fresh registry, as on a worker), and the decoded plan shows the same plan and schema. A stage
 /// that fails this runs on the driver (`JobGraphOptions::wire_check`).
+///
+/// Decoding a file scan binds its object store, which a worker builds from its own environment
+/// for any URL; the check decodes with [`AnyStoreRegistry`], so that a scan of `s3://…` is judged
+/// by its wire form and not by whether this process has built that store yet.
 pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let Ok(bytes) = encode_stage_plan(Arc::clone(plan)) else {
         return false;
     };
-    let registry = datafusion::prelude::SessionContext::new().task_ctx();
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(AnyStoreRegistry::default()))
+        .build_arc();
+    let Ok(runtime) = runtime else {
+        return false;
+    };
+    let registry = datafusion::prelude::SessionContext::new_with_config_rt(
+        datafusion::prelude::SessionConfig::new(),
+        runtime,
+    )
+    .task_ctx();
     let Ok(decoded) = decode_stage_plan(&bytes, &registry) else {
         return false;
     };
@@ -436,6 +450,27 @@ pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
             .to_string()
     };
     decoded.schema() == plan.schema() && shown(&decoded) == shown(plan)
+}
+
+/// An object store registry with a store for every URL: one empty in-memory store, which a plan
+/// decoded only to be compared never reads.
+#[derive(Debug, Default)]
+struct AnyStoreRegistry {
+    store: Arc<object_store::memory::InMemory>,
+}
+
+impl ObjectStoreRegistry for AnyStoreRegistry {
+    fn register_store(
+        &self,
+        _url: &url::Url,
+        _store: Arc<dyn object_store::ObjectStore>,
+    ) -> Option<Arc<dyn object_store::ObjectStore>> {
+        None
+    }
+
+    fn get_store(&self, _url: &url::Url) -> Result<Arc<dyn object_store::ObjectStore>> {
+        Ok(Arc::clone(&self.store) as Arc<dyn object_store::ObjectStore>)
+    }
 }
 
 /// The job graph options every distributed run uses: the defaults, with [`survives_wire`] deciding
@@ -513,6 +548,59 @@ mod tests {
         round_trips_with(
             write,
             "FileWriteExec: format=parquet, target=file:///tmp/never-written/out/",
+        );
+    }
+
+    /// A scan of objects in a store (here an in-memory one registered as `s3://lake`) travels:
+    /// its tasks run on workers, which read their own byte ranges, not on the driver.
+    #[tokio::test]
+    async fn a_scan_of_an_object_store_travels_to_workers() {
+        use datafusion::prelude::{SessionConfig, SessionContext};
+        use sluice_planner::{JobGraph, TaskPlacement};
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        let url = url::Url::parse("s3://lake").unwrap();
+        ctx.register_object_store(&url, Arc::new(object_store::memory::InMemory::new()));
+        for part in 0..2 {
+            ctx.sql(&format!(
+                "copy (values ({part}, 'a'), (2, 'b')) to 's3://lake/t/part-{part}.parquet' \
+                 stored as parquet"
+            ))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        }
+        ctx.sql("create external table t stored as parquet location 's3://lake/t/'")
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql("select count(*) from t where column1 > 0")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let graph = JobGraph::try_new_with(plan, &distributed_graph_options()).unwrap();
+        let scan = graph
+            .stages()
+            .iter()
+            .find(|s| text(&s.plan).contains("DataSourceExec"))
+            .unwrap();
+        assert_eq!(
+            scan.placement,
+            TaskPlacement::Worker,
+            "{}",
+            text(&scan.plan)
+        );
+        // A worker decodes it with the stores of its own registry, and reads the same files.
+        let bytes = encode_stage_plan(Arc::clone(&scan.plan)).unwrap();
+        let decoded = decode_stage_plan(&bytes, &ctx.task_ctx()).unwrap();
+        assert_eq!(text(&decoded), text(&scan.plan));
+        assert!(
+            text(&decoded).contains("t/part-0.parquet"),
+            "{}",
+            text(&decoded)
         );
     }
 

@@ -72,6 +72,9 @@ pub struct BenchOptions {
     /// Compare each result with the answer in this directory (`q01.tbl` … `q22.tbl`, the official
     /// answers' `|`-separated form, by the same rules), at any scale factor.
     pub answers: Option<std::path::PathBuf>,
+    /// Write each result to this directory as `qNN.tbl`, in the form `answers` reads, so that a
+    /// later run (another mode, another copy of the data) can be compared with it.
+    pub save_answers: Option<std::path::PathBuf>,
     /// The data's scale factor.
     pub scale_factor: f64,
 }
@@ -274,6 +277,12 @@ async fn run_one(
         return report;
     };
     report.rows = last.iter().map(RecordBatch::num_rows).sum();
+    if let Some(dir) = &options.save_answers
+        && let Err(error) = save_answer(dir, number, &last)
+    {
+        report.error = Some(error.to_string());
+        return report;
+    }
     report.min = report.seconds.iter().copied().fold(f64::INFINITY, f64::min);
     report.median = median(&report.seconds);
     let expected = match (&options.answers, options.verify) {
@@ -310,6 +319,39 @@ fn answer_in(dir: &std::path::Path, number: u8) -> Result<crate::answers::Answer
     let mut answer = crate::answers::parse_answer(&text);
     answer.order_keys = Some(crate::answers::order_keys(number));
     Ok(answer)
+}
+
+/// Writes the result of query `number` to `dir/qNN.tbl`: a `|`-separated header line, then one
+/// line per row, as [`answer_in`] reads it. A cell holding `|` or a line break could not be read
+/// back as written, so it is refused.
+fn save_answer(dir: &std::path::Path, number: u8, batches: &[RecordBatch]) -> Result<()> {
+    let path = dir.join(format!("q{number:02}.tbl"));
+    let mut text = String::new();
+    if let Some(batch) = batches.first() {
+        let names: Vec<&str> = batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        text.push_str(&names.join("|"));
+        text.push('\n');
+    }
+    for row in format_rows(batches)? {
+        if let Some(cell) = row.iter().find(|c| c.contains(['|', '\n', '\r'])) {
+            return Err(SluiceError::invalid(format!(
+                "--save-answers: q{number} has a cell that cannot be written as `|`-separated text: {cell:?}"
+            )));
+        }
+        text.push_str(&row.join("|"));
+        text.push('\n');
+    }
+    std::fs::write(&path, text).map_err(|e| {
+        SluiceError::invalid(format!(
+            "--save-answers: cannot write {}: {e}",
+            path.display()
+        ))
+    })
 }
 
 /// Runs every iteration of `query`, recording their times; `None` (with the error recorded) when
@@ -384,6 +426,14 @@ pub async fn run_benchmark(
             options.scale_factor
         )));
     }
+    if let Some(dir) = &options.save_answers {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            SluiceError::invalid(format!(
+                "--save-answers: cannot create {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
     let mut queries = Vec::new();
     for &number in &options.queries {
         let report = run_one(session, reference, number, options, progress).await;
@@ -410,5 +460,40 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
+    }
+
+    fn batch(names: &[&str]) -> RecordBatch {
+        use arrow::array::{ArrayRef, Decimal128Array, StringArray};
+        let prices = Decimal128Array::from(vec![Some(123_456), None])
+            .with_precision_and_scale(15, 2)
+            .unwrap();
+        RecordBatch::try_from_iter([
+            (
+                "l_returnflag",
+                std::sync::Arc::new(StringArray::from(names.to_vec())) as ArrayRef,
+            ),
+            ("sum_price", std::sync::Arc::new(prices) as ArrayRef),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn a_saved_answer_reads_back_cell_for_cell_and_a_cell_with_a_bar_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        save_answer(dir.path(), 3, &[batch(&["A", "N"])]).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("q03.tbl")).unwrap();
+        assert_eq!(text, "l_returnflag|sum_price\nA|1234.56\nN|NULL\n");
+        let answer = answer_in(dir.path(), 3).unwrap();
+        assert_eq!(answer.columns, ["l_returnflag", "sum_price"]);
+        let rows = format_rows(&[batch(&["A", "N"])]).unwrap();
+        assert_eq!(compare(&answer, &rows), Ok(()));
+        let error = save_answer(dir.path(), 4, &[batch(&["A|B", "N"])])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("q4 has a cell that cannot be written as `|`-separated text: \"A|B\""),
+            "{error}"
+        );
+        assert!(!dir.path().join("q04.tbl").exists());
     }
 }

@@ -54,6 +54,7 @@ pub fn run(args: DemoArgs, config: &SluiceConfig, runtime: &Runtime) -> Result<E
         iterations: args.iterations.max(1),
         verify: false,
         answers: None,
+        save_answers: None,
         scale_factor,
     };
     run_and_report(

@@ -100,6 +100,10 @@ pub struct RunArgs {
     /// computed over the same files (`scripts/tpch-answers-duckdb.py`).
     #[arg(long, value_name = "DIR", conflicts_with = "verify")]
     pub answers: Option<PathBuf>,
+    /// Also write every result to DIR as `q01.tbl` … `q22.tbl`, in the form `--answers` reads:
+    /// keep one mode's (or one copy's) answers and compare a later run with them.
+    #[arg(long, value_name = "DIR")]
+    pub save_answers: Option<PathBuf>,
     /// Scale factor of the data [default: read from DIR/tpch.json].
     #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f64>,
@@ -194,6 +198,7 @@ pub fn run(command: TpchCommand, config: &SluiceConfig, runtime: &Runtime) -> Re
                 iterations: args.iterations,
                 verify: args.verify,
                 answers: args.answers.clone(),
+                save_answers: args.save_answers.clone(),
                 scale_factor,
             };
             let json = args.json.as_deref();

@@ -79,6 +79,7 @@ async fn run_and_report(
                 target: "sluice::worker",
                 rows = metrics.rows,
                 elapsed_ms = metrics.elapsed_ms,
+                scanned_bytes = metrics.scanned_bytes,
                 peak_memory_bytes = metrics.peak_memory_bytes,
                 "task attempt succeeded"
             );
