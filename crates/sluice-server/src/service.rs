@@ -362,7 +362,8 @@ impl FlightSqlService for SluiceFlightSql {
         Status,
     > {
         let (user, password) = basic_credentials(&request)?;
-        let token = self.sessions.open(&user, &password).await?;
+        let address = request.remote_addr().map(|address| address.ip());
+        let token = self.sessions.open_from(&user, &password, address).await?;
         let reply = HandshakeResponse {
             protocol_version: 0,
             payload: token.clone().into_bytes().into(),

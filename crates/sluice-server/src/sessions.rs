@@ -11,6 +11,7 @@
 //!   whenever a session opens); its token is then refused like an unknown one.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 use tonic::{Request, Status};
 
 use crate::admission::Admission;
+use crate::login_limit::{LoginLimiter, LoginLimits};
 use crate::users::Users;
 
 /// Makes the session of each new client.
@@ -78,7 +80,9 @@ struct Opened {
 /// Every session of the server.
 pub struct Sessions {
     factory: SessionFactory,
-    users: Option<Users>,
+    users: Option<Arc<Users>>,
+    /// Failed logins, per user name and address.
+    logins: Arc<LoginLimiter>,
     idle_ttl: Duration,
     anonymous: Arc<SluiceSession>,
     next: AtomicU64,
@@ -108,7 +112,8 @@ impl Sessions {
         let anonymous = Arc::new(factory.open().await?);
         Ok(Self {
             factory,
-            users,
+            users: users.map(Arc::new),
+            logins: Arc::new(LoginLimiter::default()),
             idle_ttl: SESSION_IDLE_TTL,
             anonymous,
             next: AtomicU64::new(1),
@@ -121,6 +126,12 @@ impl Sessions {
     /// The same sessions with at most `limit` statements running at once (`None`: no limit).
     pub fn with_max_concurrent_jobs(mut self, limit: Option<usize>) -> Self {
         self.admission = Arc::new(Admission::new(limit));
+        self
+    }
+
+    /// The same sessions with other limits on failed logins.
+    pub fn with_login_limits(mut self, limits: LoginLimits) -> Self {
+        self.logins = Arc::new(LoginLimiter::new(limits));
         self
     }
 
@@ -143,12 +154,35 @@ impl Sessions {
     /// Opens a session for `user` (checking `password` when the server has accounts) and returns
     /// its bearer token.
     pub async fn open(&self, user: &str, password: &str) -> Result<String, Status> {
-        if let Some(users) = &self.users
-            && !users.check(user, password)
-        {
-            return Err(Status::unauthenticated(format!(
-                "wrong user name or password for '{user}'"
-            )));
+        self.open_from(user, password, None).await
+    }
+
+    /// [`Self::open`] for a client at `address`. With accounts, a user name or address with too
+    /// many recent failed logins is refused before the password is hashed, and the hashing (PBKDF2,
+    /// thousands of rounds) runs on the blocking pool, never on a thread that runs queries.
+    pub async fn open_from(
+        &self,
+        user: &str,
+        password: &str,
+        address: Option<IpAddr>,
+    ) -> Result<String, Status> {
+        if let Some(users) = &self.users {
+            self.logins
+                .attempt(user, address, Instant::now())
+                .map_err(|refused| Status::resource_exhausted(refused.to_string()))?;
+            let (users, name, offered) =
+                (Arc::clone(users), user.to_string(), password.to_string());
+            let valid = tokio::task::spawn_blocking(move || users.check(&name, &offered))
+                .await
+                .map_err(|e| {
+                    Status::internal(format!("checking the password of '{user}' failed: {e}"))
+                })?;
+            if !valid {
+                return Err(Status::unauthenticated(format!(
+                    "wrong user name or password for '{user}'"
+                )));
+            }
+            self.logins.succeeded(user, address);
         }
         let session = Arc::new(
             self.factory
@@ -243,7 +277,12 @@ impl Sessions {
 
     /// The accounts clients log in with (`None`: anyone, no password).
     pub fn users(&self) -> Option<&Users> {
-        self.users.as_ref()
+        self.users.as_deref()
+    }
+
+    /// The failed logins of every door (the Postgres login counts its own there too).
+    pub fn logins(&self) -> &Arc<LoginLimiter> {
+        &self.logins
     }
 
     /// A new session forked from the base session, not filed under any token (a Postgres

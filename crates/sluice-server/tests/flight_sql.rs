@@ -301,6 +301,67 @@ async fn with_accounts_only_a_right_password_opens_a_session() {
     );
 }
 
+/// The median of `runs` runs of a small query, in seconds.
+async fn median_latency(client: &mut FlightSqlServiceClient<Channel>, runs: usize) -> f64 {
+    let mut seconds = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = std::time::Instant::now();
+        query(client, "select count(*) as n from t").await;
+        seconds.push(start.elapsed().as_secs_f64());
+    }
+    seconds.sort_by(f64::total_cmp);
+    seconds[runs / 2]
+}
+
+/// 200 wrong passwords at once from one address: 5 are checked (PBKDF2 with Postgres's 4,096
+/// rounds, on the blocking pool) and refused as wrong, the other 195 are refused before any
+/// hashing; a logged-in client's queries meanwhile keep their pace (median latency within 2x of
+/// the idle server's), and even the right password is refused while the lockout lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_failed_logins_is_refused_after_five_and_does_not_stall_queries() {
+    let verifier = Verifier::generate("s3cret").unwrap().to_text();
+    let users = Users::parse(&format!("ann:{verifier}\nbob:{verifier}")).unwrap();
+    let server = server_with(Some(users)).await;
+    let mut bob = client(&server).await;
+    bob.handshake("bob", "s3cret").await.unwrap();
+    let idle = median_latency(&mut bob, 21).await;
+    let channel = Channel::from_shared(format!("http://{}", server.endpoint.address()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let burst = futures::future::join_all((0..200).map(|_| {
+        let mut client = FlightSqlServiceClient::new(channel.clone());
+        async move {
+            client
+                .handshake("ann", "wrong")
+                .await
+                .unwrap_err()
+                .to_string()
+        }
+    }));
+    let (refusals, busy) = tokio::join!(burst, median_latency(&mut bob, 21));
+    let wrong = refusals
+        .iter()
+        .filter(|r| r.contains("wrong user name or password for 'ann'"))
+        .count();
+    let limited = refusals
+        .iter()
+        .filter(|r| r.contains("too many failed logins for user 'ann': try again in "))
+        .count();
+    assert_eq!((wrong, limited), (5, 195), "{refusals:#?}");
+    assert!(
+        busy <= 2.0 * idle,
+        "median query latency {busy:.4} s during the burst, {idle:.4} s idle"
+    );
+    let locked = FlightSqlServiceClient::new(channel)
+        .handshake("ann", "s3cret")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(locked.contains("too many failed logins"), "{locked}");
+}
+
 #[tokio::test]
 async fn only_loopback_addresses_serve_without_tls() {
     let base = SluiceSession::new(

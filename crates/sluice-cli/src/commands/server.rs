@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::Args;
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
+use sluice_server::login_limit::LoginLimits;
 use sluice_server::postgres::DEFAULT_PG_LISTEN;
 use sluice_server::rest::{DEFAULT_HTTP_LISTEN, RestEndpoint};
 use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
@@ -48,6 +49,11 @@ pub struct ServerArgs {
     /// first-come, first-served queue. Unlimited by default.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_jobs: Option<u32>,
+    /// With --users: failed logins allowed per user name and per client address within a minute,
+    /// on both front doors; past them that name or address is refused for a minute, before any
+    /// password is checked.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_failed_logins: u32,
     /// User accounts, one `name:verifier` line each (`sluice hash-password` prints a verifier):
     /// every client must log in. Without it anyone on this machine may connect.
     #[arg(long, value_name = "FILE")]
@@ -100,7 +106,11 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     let sessions = Arc::new(
         Sessions::with_users(SessionFactory::new(base), users)
             .await?
-            .with_max_concurrent_jobs(limit),
+            .with_max_concurrent_jobs(limit)
+            .with_login_limits(LoginLimits {
+                failures: usize::try_from(args.max_failed_logins).unwrap_or(usize::MAX),
+                ..LoginLimits::default()
+            }),
     );
     let postgres = PgEndpoint::start(
         sessions.clone(),

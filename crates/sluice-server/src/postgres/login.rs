@@ -22,6 +22,7 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::startup::Authentication;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use crate::scram::{ScramError, ServerFirst, server_nonce};
 use crate::sessions::Sessions;
@@ -127,9 +128,20 @@ impl StartupHandler for ScramLogin {
                     .get(METADATA_USER)
                     .cloned()
                     .ok_or(PgWireError::UserNameRequired)?;
+                let address = Some(client.socket_addr().ip());
+                let logins = self.sessions.logins();
                 let mut step = self.step.lock().await;
                 match std::mem::replace(&mut *step, Step::Over) {
                     Step::Started => {
+                        logins
+                            .attempt(&user, address, Instant::now())
+                            .map_err(|refused| {
+                                PgWireError::UserError(Box::new(ErrorInfo::new(
+                                    "FATAL".to_string(),
+                                    "28000".to_string(),
+                                    refused.to_string(),
+                                )))
+                            })?;
                         let initial = message.into_sasl_initial_response()?;
                         if initial.auth_method != "SCRAM-SHA-256" {
                             return Err(PgWireError::UnsupportedSASLAuthMethod(
@@ -163,6 +175,7 @@ impl StartupHandler for ScramLogin {
                         let server_final = first
                             .finish(client_final)
                             .map_err(|e| scram_error(e, &user))?;
+                        logins.succeeded(&user, address);
                         client
                             .send(PgWireBackendMessage::Authentication(
                                 Authentication::SASLFinal(server_final.into()),
