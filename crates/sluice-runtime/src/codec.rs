@@ -423,9 +423,10 @@ pub fn encode_stage_plan(plan: Arc<dyn ExecutionPlan>) -> Result<bytes::Bytes> {
 /// fresh registry, as on a worker), and the decoded plan shows the same plan and schema. A stage
 /// that fails this runs on the driver (`JobGraphOptions::wire_check`).
 ///
-/// Decoding a file scan binds its object store, which a worker builds from its own environment
-/// for any URL; the check decodes with [`AnyStoreRegistry`], so that a scan of `s3://…` is judged
-/// by its wire form and not by whether this process has built that store yet.
+/// Decoding a file scan binds its object store, which a worker builds from its own environment;
+/// the check decodes with [`AnyStoreRegistry`], so that a scan of `s3://…` is judged by its wire
+/// form and not by whether this process has built that store yet, while a scan of a store only the
+/// driver's session has stays on the driver.
 pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let Ok(bytes) = encode_stage_plan(Arc::clone(plan)) else {
         return false;
@@ -452,8 +453,10 @@ pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
     decoded.schema() == plan.schema() && shown(&decoded) == shown(plan)
 }
 
-/// An object store registry with a store for every URL: one empty in-memory store, which a plan
-/// decoded only to be compared never reads.
+/// An object store registry with a store for every URL a worker can build a store for itself
+/// (local files, and the remote schemes it builds from its own environment): one empty in-memory
+/// store, which a plan decoded only to be compared never reads. Any other scheme (a store
+/// registered only in the driver's session) has none, so a scan of it stays on the driver.
 #[derive(Debug, Default)]
 struct AnyStoreRegistry {
     store: Arc<object_store::memory::InMemory>,
@@ -468,8 +471,14 @@ impl ObjectStoreRegistry for AnyStoreRegistry {
         None
     }
 
-    fn get_store(&self, _url: &url::Url) -> Result<Arc<dyn object_store::ObjectStore>> {
-        Ok(Arc::clone(&self.store) as Arc<dyn object_store::ObjectStore>)
+    fn get_store(&self, url: &url::Url) -> Result<Arc<dyn object_store::ObjectStore>> {
+        if url.scheme() == "file" || crate::object_stores::is_remote(url.as_str()) {
+            Ok(Arc::clone(&self.store) as Arc<dyn object_store::ObjectStore>)
+        } else {
+            Err(DataFusionError::Plan(format!(
+                "{url}: workers build no store for this scheme"
+            )))
+        }
     }
 }
 
@@ -551,10 +560,12 @@ mod tests {
         );
     }
 
-    /// A scan of objects in a store (here an in-memory one registered as `s3://lake`) travels:
-    /// its tasks run on workers, which read their own byte ranges, not on the driver.
+    /// A scan of objects in a store of a scheme workers build themselves (here an in-memory one
+    /// registered as `s3://lake`) travels: its tasks run on workers, which read their own byte
+    /// ranges (the netns S3 test shows real workers do); one of a scheme only this session has
+    /// stays on the driver.
     #[tokio::test]
-    async fn a_scan_of_an_object_store_travels_to_workers() {
+    async fn a_scan_of_an_object_store_travels_to_workers_and_one_of_the_drivers_own_stays() {
         use datafusion::prelude::{SessionConfig, SessionContext};
         use sluice_planner::{JobGraph, TaskPlacement};
         let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
@@ -601,6 +612,37 @@ mod tests {
             text(&decoded).contains("t/part-0.parquet"),
             "{}",
             text(&decoded)
+        );
+        // A store of a scheme no worker builds (registered in this session only) stays here.
+        let only_here = url::Url::parse("mem://lake").unwrap();
+        ctx.register_object_store(&only_here, Arc::new(object_store::memory::InMemory::new()));
+        ctx.sql("copy (values (1, 'a')) to 'mem://lake/u/part-0.parquet' stored as parquet")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        ctx.sql("create external table u stored as parquet location 'mem://lake/u/'")
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql("select count(*) from u where column1 > 0")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let graph = JobGraph::try_new_with(plan, &distributed_graph_options()).unwrap();
+        let scan = graph
+            .stages()
+            .iter()
+            .find(|s| text(&s.plan).contains("DataSourceExec"))
+            .unwrap();
+        assert_eq!(
+            scan.placement,
+            TaskPlacement::Driver,
+            "{}",
+            text(&scan.plan)
         );
     }
 

@@ -67,6 +67,10 @@ impl std::fmt::Display for SessionId {
     }
 }
 
+/// Password hashes (PBKDF2) the Flight SQL door runs at once: enough for logins to go on while
+/// one is hashed, few enough that a burst of them leaves the cores to the queries.
+pub const HASHING_PERMITS: usize = 2;
+
 /// How long a session may go unused before it is dropped.
 pub const SESSION_IDLE_TTL: Duration = Duration::from_secs(3600);
 
@@ -83,6 +87,8 @@ pub struct Sessions {
     users: Option<Arc<Users>>,
     /// Failed logins, per user name and address.
     logins: Arc<LoginLimiter>,
+    /// Password hashes that may run at once.
+    hashing: tokio::sync::Semaphore,
     idle_ttl: Duration,
     anonymous: Arc<SluiceSession>,
     next: AtomicU64,
@@ -114,6 +120,7 @@ impl Sessions {
             factory,
             users: users.map(Arc::new),
             logins: Arc::new(LoginLimiter::default()),
+            hashing: tokio::sync::Semaphore::new(HASHING_PERMITS),
             idle_ttl: SESSION_IDLE_TTL,
             anonymous,
             next: AtomicU64::new(1),
@@ -158,8 +165,10 @@ impl Sessions {
     }
 
     /// [`Self::open`] for a client at `address`. With accounts, a user name or address with too
-    /// many recent failed logins is refused before the password is hashed, and the hashing (PBKDF2,
-    /// thousands of rounds) runs on the blocking pool, never on a thread that runs queries.
+    /// many recent failed logins is refused before the password is hashed. The hashing (PBKDF2,
+    /// thousands of rounds) waits for one of [`HASHING_PERMITS`] permits and runs on the blocking
+    /// pool, never on a thread that runs queries; the lockout is checked again once the permit is
+    /// held, so a burst of wrong passwords gets only the limit (plus the permits) hashed.
     pub async fn open_from(
         &self,
         user: &str,
@@ -167,9 +176,18 @@ impl Sessions {
         address: Option<IpAddr>,
     ) -> Result<String, Status> {
         if let Some(users) = &self.users {
+            let refused = |refused: crate::login_limit::Refused| {
+                Status::resource_exhausted(refused.to_string())
+            };
             self.logins
-                .attempt(user, address, Instant::now())
-                .map_err(|refused| Status::resource_exhausted(refused.to_string()))?;
+                .check(user, address, Instant::now())
+                .map_err(refused)?;
+            let _permit = self.hashing.acquire().await.map_err(|_| {
+                Status::unavailable("the server is stopping: no password is checked")
+            })?;
+            self.logins
+                .check(user, address, Instant::now())
+                .map_err(refused)?;
             let (users, name, offered) =
                 (Arc::clone(users), user.to_string(), password.to_string());
             let valid = tokio::task::spawn_blocking(move || users.check(&name, &offered))
@@ -178,11 +196,12 @@ impl Sessions {
                     Status::internal(format!("checking the password of '{user}' failed: {e}"))
                 })?;
             if !valid {
+                self.logins.failed(user, address, Instant::now());
                 return Err(Status::unauthenticated(format!(
                     "wrong user name or password for '{user}'"
                 )));
             }
-            self.logins.succeeded(user, address);
+            self.logins.succeeded(user);
         }
         let session = Arc::new(
             self.factory

@@ -75,14 +75,6 @@ async fn run_and_report(
     let state = match executed {
         Ok(mut metrics) => {
             metrics.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            tracing::debug!(
-                target: "sluice::worker",
-                rows = metrics.rows,
-                elapsed_ms = metrics.elapsed_ms,
-                scanned_bytes = metrics.scanned_bytes,
-                peak_memory_bytes = metrics.peak_memory_bytes,
-                "task attempt succeeded"
-            );
             TaskState::Succeeded(metrics)
         }
         Err(error) => {
@@ -91,6 +83,17 @@ async fn run_and_report(
         }
     };
     if shared.finish(key, finished) {
+        // Logged only for the outcome the driver is told of (a stop may end the attempt first).
+        if let TaskState::Succeeded(metrics) = &state {
+            tracing::debug!(
+                target: "sluice::worker",
+                rows = metrics.rows,
+                elapsed_ms = metrics.elapsed_ms,
+                scanned_bytes = metrics.scanned_bytes,
+                peak_memory_bytes = metrics.peak_memory_bytes,
+                "task attempt succeeded"
+            );
+        }
         shared.report(report(shared, key, 2, state)).await;
     }
 }

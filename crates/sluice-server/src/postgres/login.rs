@@ -99,6 +99,16 @@ fn scram_error(error: ScramError, user: &str) -> PgWireError {
     }
 }
 
+/// A login refused for too many failed ones (`FATAL 28000`, as Postgres refuses a connection its
+/// rules reject).
+fn locked_out(refused: crate::login_limit::Refused) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "FATAL".to_string(),
+        "28000".to_string(),
+        refused.to_string(),
+    )))
+}
+
 #[async_trait]
 impl StartupHandler for ScramLogin {
     async fn on_startup<C>(
@@ -134,14 +144,8 @@ impl StartupHandler for ScramLogin {
                 match std::mem::replace(&mut *step, Step::Over) {
                     Step::Started => {
                         logins
-                            .attempt(&user, address, Instant::now())
-                            .map_err(|refused| {
-                                PgWireError::UserError(Box::new(ErrorInfo::new(
-                                    "FATAL".to_string(),
-                                    "28000".to_string(),
-                                    refused.to_string(),
-                                )))
-                            })?;
+                            .check(&user, address, Instant::now())
+                            .map_err(locked_out)?;
                         let initial = message.into_sasl_initial_response()?;
                         if initial.auth_method != "SCRAM-SHA-256" {
                             return Err(PgWireError::UnsupportedSASLAuthMethod(
@@ -172,10 +176,21 @@ impl StartupHandler for ScramLogin {
                         let client_final = std::str::from_utf8(&response.data).map_err(|_| {
                             PgWireError::InvalidScramMessage("client-final is not UTF-8".into())
                         })?;
-                        let server_final = first
-                            .finish(client_final)
-                            .map_err(|e| scram_error(e, &user))?;
-                        logins.succeeded(&user, address);
+                        // Checked again: a burst of connections all past their first message
+                        // gets only the limit of proofs verified.
+                        logins
+                            .check(&user, address, Instant::now())
+                            .map_err(locked_out)?;
+                        let server_final = match first.finish(client_final) {
+                            Ok(server_final) => server_final,
+                            Err(error) => {
+                                if matches!(error, ScramError::Refused) {
+                                    logins.failed(&user, address, Instant::now());
+                                }
+                                return Err(scram_error(error, &user));
+                            }
+                        };
+                        logins.succeeded(&user);
                         client
                             .send(PgWireBackendMessage::Authentication(
                                 Authentication::SASLFinal(server_final.into()),
