@@ -431,18 +431,10 @@ pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let Ok(bytes) = encode_stage_plan(Arc::clone(plan)) else {
         return false;
     };
-    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-        .with_object_store_registry(Arc::new(AnyStoreRegistry::default()))
-        .build_arc();
-    let Ok(runtime) = runtime else {
+    let Some(registry) = WIRE_CHECK_CONTEXT.as_ref() else {
         return false;
     };
-    let registry = datafusion::prelude::SessionContext::new_with_config_rt(
-        datafusion::prelude::SessionConfig::new(),
-        runtime,
-    )
-    .task_ctx();
-    let Ok(decoded) = decode_stage_plan(&bytes, &registry) else {
+    let Ok(decoded) = decode_stage_plan(&bytes, registry) else {
         return false;
     };
     let shown = |p: &Arc<dyn ExecutionPlan>| {
@@ -452,6 +444,18 @@ pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
     };
     decoded.schema() == plan.schema() && shown(&decoded) == shown(plan)
 }
+
+/// The context [`survives_wire`] decodes in, built once: a fresh session's functions (as on a
+/// worker) and [`AnyStoreRegistry`]; `None` if its runtime cannot be built.
+static WIRE_CHECK_CONTEXT: std::sync::LazyLock<Option<Arc<TaskContext>>> =
+    std::sync::LazyLock::new(|| {
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::new(AnyStoreRegistry::default()))
+            .build_arc()
+            .ok()?;
+        let config = datafusion::prelude::SessionConfig::new();
+        Some(datafusion::prelude::SessionContext::new_with_config_rt(config, runtime).task_ctx())
+    });
 
 /// An object store registry with a store for every URL a worker can build a store for itself
 /// (local files, and the remote schemes it builds from its own environment): one empty in-memory
@@ -567,37 +571,9 @@ mod tests {
     #[tokio::test]
     async fn a_scan_of_an_object_store_travels_to_workers_and_one_of_the_drivers_own_stays() {
         use datafusion::prelude::{SessionConfig, SessionContext};
-        use sluice_planner::{JobGraph, TaskPlacement};
+        use sluice_planner::TaskPlacement;
         let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
-        let url = url::Url::parse("s3://lake").unwrap();
-        ctx.register_object_store(&url, Arc::new(object_store::memory::InMemory::new()));
-        for part in 0..2 {
-            ctx.sql(&format!(
-                "copy (values ({part}, 'a'), (2, 'b')) to 's3://lake/t/part-{part}.parquet' \
-                 stored as parquet"
-            ))
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        }
-        ctx.sql("create external table t stored as parquet location 's3://lake/t/'")
-            .await
-            .unwrap();
-        let plan = ctx
-            .sql("select count(*) from t where column1 > 0")
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let graph = JobGraph::try_new_with(plan, &distributed_graph_options()).unwrap();
-        let scan = graph
-            .stages()
-            .iter()
-            .find(|s| text(&s.plan).contains("DataSourceExec"))
-            .unwrap();
+        let scan = scan_stage_over(&ctx, "s3://lake", 2).await;
         assert_eq!(
             scan.placement,
             TaskPlacement::Worker,
@@ -614,36 +590,56 @@ mod tests {
             text(&decoded)
         );
         // A store of a scheme no worker builds (registered in this session only) stays here.
-        let only_here = url::Url::parse("mem://lake").unwrap();
-        ctx.register_object_store(&only_here, Arc::new(object_store::memory::InMemory::new()));
-        ctx.sql("copy (values (1, 'a')) to 'mem://lake/u/part-0.parquet' stored as parquet")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        ctx.sql("create external table u stored as parquet location 'mem://lake/u/'")
-            .await
-            .unwrap();
-        let plan = ctx
-            .sql("select count(*) from u where column1 > 0")
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let graph = JobGraph::try_new_with(plan, &distributed_graph_options()).unwrap();
-        let scan = graph
-            .stages()
-            .iter()
-            .find(|s| text(&s.plan).contains("DataSourceExec"))
-            .unwrap();
+        let scan = scan_stage_over(&ctx, "mem://pond", 1).await;
         assert_eq!(
             scan.placement,
             TaskPlacement::Driver,
             "{}",
             text(&scan.plan)
         );
+    }
+
+    /// The scan stage of a distributed count over a Parquet table of `parts` files written to an
+    /// in-memory store registered in `ctx` as `store` (`scheme://bucket`).
+    async fn scan_stage_over(
+        ctx: &datafusion::prelude::SessionContext,
+        store: &str,
+        parts: usize,
+    ) -> sluice_planner::Stage {
+        let url = url::Url::parse(store).unwrap();
+        ctx.register_object_store(&url, Arc::new(object_store::memory::InMemory::new()));
+        for part in 0..parts {
+            ctx.sql(&format!(
+                "copy (values ({part}, 'a'), (2, 'b')) to '{store}/t/part-{part}.parquet' \
+                 stored as parquet"
+            ))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        }
+        let table = url.scheme().to_string();
+        ctx.sql(&format!(
+            "create external table {table} stored as parquet location '{store}/t/'"
+        ))
+        .await
+        .unwrap();
+        let plan = ctx
+            .sql(&format!("select count(*) from {table} where column1 > 0"))
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let graph =
+            sluice_planner::JobGraph::try_new_with(plan, &distributed_graph_options()).unwrap();
+        graph
+            .stages()
+            .iter()
+            .find(|s| text(&s.plan).contains("DataSourceExec"))
+            .unwrap()
+            .clone()
     }
 
     /// The plan of `sql` with `setting` on, over two small tables.
