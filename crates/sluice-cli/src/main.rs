@@ -49,8 +49,8 @@ struct Cli {
 #[derive(Debug, Args)]
 struct GlobalArgs {
     /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
-    /// joins, driver_listen, min_workers, capacity_wait, max_task_attempts, [session]; see
-    /// `sluice config`).
+    /// joins, driver_listen, min_workers, capacity_wait, max_task_attempts, read_roots,
+    /// write_roots, [session]; see `sluice config`).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
@@ -180,6 +180,9 @@ impl GlobalArgs {
             min_workers: self.min_workers.map(Some),
             capacity_wait: self.capacity_wait,
             max_task_attempts: self.max_task_attempts,
+            // `sluice server --read-root/--write-root` take these over the configuration's.
+            read_roots: None,
+            write_roots: None,
             session,
         };
         config.apply(flags, "command line")?;

@@ -207,6 +207,26 @@ fn assert_sql_connect_prints_what_local_prints(url: &str, data: &Path) {
 
 /// A users file with one account, its verifier made by `sluice hash-password`.
 fn users_file(dir: &Path, user: &str, password: &str) -> PathBuf {
+    users_file_with(dir, &[(user, password, "")])
+}
+
+/// A users file with `(name, password, role)` accounts (an empty role: none given).
+fn users_file_with(dir: &Path, accounts: &[(&str, &str, &str)]) -> PathBuf {
+    let lines: Vec<String> = accounts
+        .iter()
+        .map(|(user, password, role)| {
+            format!("{user}:{} {role}", verifier_of(password).trim())
+                .trim_end()
+                .to_string()
+        })
+        .collect();
+    let path = dir.join("users");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// `sluice hash-password`'s verifier of `password`.
+fn verifier_of(password: &str) -> String {
     let mut child = sluice()
         .arg("hash-password")
         .stdin(std::process::Stdio::piped())
@@ -220,9 +240,72 @@ fn users_file(dir: &Path, user: &str, password: &str) -> PathBuf {
     let verifier = String::from_utf8(output.stdout).unwrap();
     assert!(verifier.starts_with("SCRAM-SHA-256$4096:"), "{verifier}");
     assert!(!verifier.contains(password));
-    let path = dir.join("users");
-    std::fs::write(&path, format!("{user}:{verifier}")).unwrap();
-    path
+    verifier
+}
+
+#[test]
+fn roles_decide_what_each_user_reads_and_writes_through_both_doors() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    std::fs::write(data.join("t.csv"), "a,b\n1,x\n2,y\n3,z\n").unwrap();
+    std::fs::write(dir.path().join("secret.csv"), "s\nhidden\n").unwrap();
+    let users = users_file_with(
+        dir.path(),
+        &[
+            ("rita", "pw", ""),
+            ("wes", "pw", "writer"),
+            ("ada", "pw", "admin"),
+        ],
+    );
+    let out = dir.path().join("out");
+    let server = Server::start_in(
+        &["--mode", "local"],
+        &[
+            "--users",
+            users.to_str().unwrap(),
+            "--write-root",
+            out.to_str().unwrap(),
+            "--max-failed-logins",
+            "50",
+        ],
+        Some(&data),
+        None,
+    );
+    let canonical = dir.path().canonicalize().unwrap();
+    assert!(
+        server
+            .started
+            .contains(&"sluice server: users without a role are readers: rita".to_string()),
+        "{:?}",
+        server.started
+    );
+    let roots = format!(
+        "sluice server: non-admins read under {0}/data and write under {0}/out",
+        canonical.display()
+    );
+    assert!(server.started.contains(&roots), "{:?}", server.started);
+    let output = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(Path::new(PYTHON_DIR).join("test_roles.py"))
+        .env("SLUICE_ROLES_FLIGHT_SQL", &server.url)
+        .env("SLUICE_ROLES_PG", &server.pg)
+        .env("SLUICE_ROLES_DIR", dir.path())
+        .env("SLUICE_ROLES_ELSEWHERE", elsewhere.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pytest failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("6 passed"), "{stdout}");
+    server.stop();
 }
 
 #[test]
@@ -799,7 +882,14 @@ fn the_web_ui_shows_q5s_stages_and_tasks_and_its_cancel_button_stops_a_long_quer
         Path::new(&chromium).exists(),
         "{chromium}: Debian's chromium is needed for the web UI test (.ci/run installs it)"
     );
-    let server = Server::start(&["--workers", "2"], tpch_dir());
+    let dir = tempfile::tempdir().unwrap();
+    let users = users_file_with(dir.path(), &[("ada", "pw", "admin")]);
+    let server = Server::start_in(
+        &["--workers", "2"],
+        &["--users", users.to_str().unwrap()],
+        Some(tpch_dir()),
+        None,
+    );
     // The workspace's target/ui-screenshots (also when CARGO_TARGET_DIR points elsewhere): CI's
     // artifacts.
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ui-screenshots");
@@ -811,6 +901,8 @@ fn the_web_ui_shows_q5s_stages_and_tasks_and_its_cancel_button_stops_a_long_quer
         .env("SLUICE_TPCH_QUERIES", query_files())
         .env("SLUICE_SCREENSHOTS", &shots)
         .env("SLUICE_CHROMIUM", &chromium)
+        .env("SLUICE_UI_USER", "ada")
+        .env("SLUICE_UI_PASSWORD", "pw")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

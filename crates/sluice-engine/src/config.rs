@@ -324,6 +324,38 @@ settings! {
     max_task_attempts: usize = DEFAULT_MAX_TASK_ATTEMPTS,
         env "SLUICE_MAX_TASK_ATTEMPTS", parse parse_task_attempts, show |n| Some(n.to_string()),
         help "attempts of a task region before its job fails (at least 1)";
+    /// `sluice server` with user accounts: where readers and writers may read (paths or URLs;
+    /// empty: `--data`'s directory).
+    read_roots: Vec<String> = Vec::new(),
+        env "SLUICE_READ_ROOTS", parse parse_list, show |roots| toml_list(roots),
+        help "server: where non-admin users may read, comma-separated paths or URLs \
+              (default: --data's directory)";
+    /// `sluice server` with user accounts: where writers may write (paths or URLs).
+    write_roots: Vec<String> = Vec::new(),
+        env "SLUICE_WRITE_ROOTS", parse parse_list, show |roots| toml_list(roots),
+        help "server: where writers may write, comma-separated paths or URLs";
+}
+
+/// Comma-separated items, trimmed, empty ones left out.
+fn parse_list(text: &str) -> Result<Vec<String>, String> {
+    Ok(text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(ToString::to_string)
+        .collect())
+}
+
+/// A TOML array of strings (`None` when empty: nothing to show).
+fn toml_list(items: &[String]) -> Option<String> {
+    if items.is_empty() {
+        return None;
+    }
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|item| toml::Value::String(item.clone()).to_string())
+        .collect();
+    Some(format!("[{}]", quoted.join(", ")))
 }
 
 /// The default [`SluiceConfig::max_task_attempts`].
@@ -560,6 +592,18 @@ impl ConfigLayer {
                 toml::Value::String(s) => s,
                 toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
                     value.to_string()
+                }
+                // A list of strings (`read_roots = ["/data", "s3://lake/"]`).
+                toml::Value::Array(items)
+                    if items
+                        .iter()
+                        .all(|item| matches!(item, toml::Value::String(_))) =>
+                {
+                    items
+                        .iter()
+                        .filter_map(toml::Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(",")
                 }
                 other => {
                     return Err(error(format!(
@@ -862,7 +906,8 @@ mod tests {
             "mode = \"local-graph\"\nmemory_limit = \"1G\"\nworkers = 3\n\
              flight_compression = \"zstd\"\nexchange = \"blocking\"\njoins = \"hash\"\n\
              driver_listen = \"0.0.0.0:7070\"\nmin_workers = 2\ncapacity_wait = \"1500ms\"\n\
-             max_task_attempts = 2\n",
+             max_task_attempts = 2\nread_roots = [\"/data\", \"s3://lake/sf1/\"]\n\
+             write_roots = \"/out\"\n",
             "t.toml",
         )
         .unwrap();
@@ -871,6 +916,8 @@ mod tests {
         // Every declared setting is printed once it is set.
         assert_eq!(lines.len(), SETTINGS.len(), "{lines:?}");
         assert_eq!(lines[8], "capacity_wait = \"1500ms\"");
+        assert_eq!(lines[10], "read_roots = [\"/data\", \"s3://lake/sf1/\"]");
+        assert_eq!(lines[11], "write_roots = [\"/out\"]");
         // Read back from a file.
         let mut again = SluiceConfig::default();
         again
@@ -885,7 +932,15 @@ mod tests {
         for (line, setting) in lines.iter().zip(SETTINGS) {
             let (key, value) = line.split_once(" = ").unwrap();
             assert_eq!(key, setting.key);
-            let value = value.trim_matches('"').to_string();
+            // A list's variable is its items, comma-separated.
+            let value = match value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
+                Some(items) => items
+                    .split(", ")
+                    .map(|item| item.trim_matches('"'))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                None => value.trim_matches('"').to_string(),
+            };
             let layer = ConfigLayer::from_env([(setting.env.to_string(), value)]).unwrap();
             from_env.apply(layer, "environment").unwrap();
             assert_eq!(
@@ -940,7 +995,7 @@ mod tests {
             error.to_string(),
             "config x.toml: unknown key `modee` (known: mode, memory_limit, workers, \
              flight_compression, exchange, joins, driver_listen, min_workers, capacity_wait, \
-             max_task_attempts, [session])"
+             max_task_attempts, read_roots, write_roots, [session])"
         );
     }
 

@@ -150,6 +150,11 @@ impl DeltaTableProvider {
         self.version
     }
 
+    /// Where the table lives (the directory holding `_delta_log/`).
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
     /// The table's root in its store.
     fn root(&self) -> Result<Path> {
         Path::from_url_path(self.url.path())

@@ -44,6 +44,10 @@ pub enum SluiceError {
     /// A request that does not make sense (bad argument, unknown query number, …).
     #[error("{0}")]
     Invalid(String),
+    /// The session's user may not do what the statement asks ([`crate::access`]); the message
+    /// names the user, the role and what was refused.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The query was cancelled by the user.
     #[error("query cancelled")]
     Cancelled,

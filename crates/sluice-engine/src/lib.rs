@@ -14,6 +14,7 @@
 //! `scan_balance` re-cuts Parquet scans into row-group-aligned, equal-row groups for distributed runs. The engine knows no runner beyond the trait:
 //! the front end (the CLI) builds the runner of the configured mode and hands it to the session.
 
+pub mod access;
 pub mod catalog;
 pub mod config;
 pub mod delta_table;

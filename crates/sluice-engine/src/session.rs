@@ -35,6 +35,7 @@ use datafusion::sql::sqlparser::tokenizer::Token;
 use futures::{StreamExt, TryStreamExt};
 use sluice_runtime::object_stores::{ObjectStores, StoreLimits};
 
+use crate::access::{Access, AccessSlot};
 use crate::catalog::{TableSource, register_table};
 use crate::config::SluiceConfig;
 use crate::error::{Result, SluiceError};
@@ -123,6 +124,8 @@ pub struct SluiceSession {
     distributed_defaults: Vec<(&'static str, String, String)>,
     /// Whether a query whose hash joins run out of memory runs again with sort-merge joins.
     join_fallback: bool,
+    /// Who may read and write what ([`crate::access`]); empty: everything.
+    access: AccessSlot,
 }
 
 impl std::fmt::Debug for SluiceSession {
@@ -151,10 +154,12 @@ impl SluiceSession {
             let bytes = usize::try_from(limit.0).unwrap_or(usize::MAX);
             runtime = runtime.with_memory_limit(bytes, 1.0);
         }
+        let access = AccessSlot::default();
         let ctx = new_context(
             session_config,
             runtime.build_arc()?,
             physical_optimizer_rules(config.sort_merge_joins()),
+            access.clone(),
         );
         register_system_tables(&ctx, Arc::clone(&runner))?;
         Ok(Self {
@@ -163,6 +168,7 @@ impl SluiceSession {
             tables: BTreeMap::new(),
             distributed_defaults,
             join_fallback: config.join_fallback(),
+            access,
         })
     }
 
@@ -255,11 +261,43 @@ impl SluiceSession {
         Ok(statements)
     }
 
+    /// Limits what this session may read and write from now on (`None`: nothing is checked);
+    /// sessions forked from it later keep the same access.
+    pub fn grant(&self, access: Option<Arc<Access>>) {
+        self.access.set(access);
+    }
+
+    /// The slot holding this session's access, for a login that grants it later (a Postgres
+    /// connection's session is made before its user logs in).
+    pub fn access_slot(&self) -> AccessSlot {
+        self.access.clone()
+    }
+
+    /// The access this session runs with (`None`: unrestricted).
+    pub fn access(&self) -> Option<Arc<Access>> {
+        self.access.get()
+    }
+
+    /// Executes `logical` in the session's context (DDL and `SET` take effect here) once the
+    /// session's access allows it.
+    async fn execute_checked(&self, logical: LogicalPlan) -> Result<DataFrame> {
+        self.authorize(&logical)?;
+        Ok(self.ctx.execute_logical_plan(logical).await?)
+    }
+
+    /// Whether the session's access allows `logical` ([`Access::authorize`]).
+    fn authorize(&self, logical: &LogicalPlan) -> Result<()> {
+        match self.access.get() {
+            Some(access) => access.authorize(logical, &self.tables),
+            None => Ok(()),
+        }
+    }
+
     /// Plans one statement to a physical plan. DDL and `SET` take effect here.
     pub async fn plan_statement(&self, statement: Statement) -> Result<Arc<dyn ExecutionPlan>> {
         let state = self.ctx.state();
         let logical = state.statement_to_plan(statement).await?;
-        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let frame = self.execute_checked(logical).await?;
         Ok(self.physical_plan(frame).await?.0)
     }
 
@@ -314,7 +352,7 @@ impl SluiceSession {
         };
         let sources = self.sources_read_by(&statement);
         let logical = self.ctx.state().statement_to_plan(statement).await?;
-        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let frame = self.execute_checked(logical).await?;
         let (plan, fallback) = self.physical_plan(frame).await?;
         Ok(PlannedStatement::Plan {
             plan,
@@ -386,7 +424,7 @@ impl SluiceSession {
         if !parameters.is_empty() {
             logical = logical.with_param_values(ParamValues::from(parameters))?;
         }
-        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let frame = self.execute_checked(logical).await?;
         let (plan, fallback) = self.physical_plan(frame).await?;
         Ok(PlannedStatement::Plan {
             plan,
@@ -404,7 +442,7 @@ impl SluiceSession {
         logical: LogicalPlan,
     ) -> Result<PlannedStatement> {
         let sources = self.sources_read_by(statement);
-        let frame = self.ctx.execute_logical_plan(logical).await?;
+        let frame = self.execute_checked(logical).await?;
         let (plan, fallback) = self.physical_plan(frame).await?;
         Ok(PlannedStatement::Plan {
             plan,
@@ -455,10 +493,12 @@ impl SluiceSession {
     /// settings (and its join rule): what it creates or sets afterwards (tables, views, `SET`) stays its own.
     pub async fn fork(&self) -> Result<SluiceSession> {
         let state = self.ctx.state();
+        let access = AccessSlot::holding(self.access.get());
         let ctx = new_context(
             state.config().clone(),
             state.runtime_env().clone(),
             state.physical_optimizers().to_vec(),
+            access.clone(),
         );
         for name in self.tables.keys() {
             let provider = self.ctx.table_provider(name.as_str()).await?;
@@ -471,6 +511,7 @@ impl SluiceSession {
             tables: self.tables.clone(),
             distributed_defaults: self.distributed_defaults.clone(),
             join_fallback: self.join_fallback,
+            access,
         })
     }
 
@@ -500,6 +541,7 @@ impl SluiceSession {
             state.config_mut().options_mut().set(key, value)?;
         }
         let logical = state.statement_to_plan(statement).await?;
+        self.authorize(&logical)?;
         let plan = state.create_physical_plan(&logical).await?;
         let plan = balance_scans(plan, state.runtime_env()).await?;
         let (plan, _staging) = sluice_runtime::write::stage_file_writes(plan)?;
@@ -580,6 +622,7 @@ fn new_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
     rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>,
+    access: AccessSlot,
 ) -> SessionContext {
     // A config taken from a context made here says not to create the default catalog (the
     // context it came from had one): every new context gets its own.
@@ -604,6 +647,7 @@ fn new_context(
     let state = builder.build();
     let factory = Arc::new(crate::table_factory::DataFilesUrlFactory::new(
         datafusion_session::SessionStore::new(),
+        access,
     ));
     let catalogs = Arc::new(datafusion::catalog::DynamicFileCatalog::new(
         Arc::clone(state.catalog_list()),

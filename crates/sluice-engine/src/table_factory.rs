@@ -26,6 +26,8 @@ use datafusion::datasource::listing_table_factory::ListingTableFactory;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::CreateExternalTable;
 use datafusion_session::SessionStore;
+
+use crate::access::AccessSlot;
 use futures::TryStreamExt;
 
 /// See the module docs.
@@ -126,16 +128,21 @@ impl TableProviderFactory for DataFilesFactory {
 /// data's own extension is still read, as DataFusion reads it); a directory holding a Delta log
 /// is its Delta table at the newest version; a file URL, or a directory without such a file, goes
 /// to DataFusion's factory unchanged.
+///
+/// A location the session's access does not let it read is refused before anything is listed
+/// or read ([`crate::access`]).
 #[derive(Debug)]
 pub struct DataFilesUrlFactory {
     datafusion: DynamicListTableFactory,
+    access: AccessSlot,
 }
 
 impl DataFilesUrlFactory {
-    /// A factory for the session `store` will hold.
-    pub fn new(store: SessionStore) -> Self {
+    /// A factory for the session `store` will hold, limited by the session's `access`.
+    pub fn new(store: SessionStore, access: AccessSlot) -> Self {
         Self {
             datafusion: DynamicListTableFactory::new(store),
+            access,
         }
     }
 
@@ -168,6 +175,13 @@ impl DataFilesUrlFactory {
 #[async_trait]
 impl UrlTableFactory for DataFilesUrlFactory {
     async fn try_new(&self, url: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        if let Some(access) = self.access.get()
+            && !access
+                .may_read(url)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+        {
+            return Ok(None);
+        }
         let Ok(directory) = ListingTableUrl::parse(url) else {
             return Ok(None);
         };

@@ -29,6 +29,7 @@ pub mod postgres;
 pub mod prometheus;
 pub mod queries;
 pub mod rest;
+pub mod rest_guard;
 pub mod scram;
 pub mod server;
 pub mod service;

@@ -20,8 +20,16 @@
 //!                                  for every job on connect, then each time one changes (state,
 //!                                  tasks done, rows, retries), checked every EVENTS_EVERY
 //!  GET  /metrics                   Prometheus text format (`crate::prometheus`)
+//!  POST /api/v1/login              {"user", "password"} (or Basic credentials) ─► {"token", "user",
+//!                                  "role"} and the `sluice_token` cookie · 401 wrong · 429 locked out
+//!  POST /api/v1/logout             ends the session of the request's token, clears the cookie
 //!  GET  /                          the web UI (`crate::ui`)
 //! ```
+//!
+//! Every request passes [`crate::rest_guard`] first: its Host must be a listed name, a
+//! state-changing one must not come from another site, and on a server with accounts everything
+//! but the UI's files and the login needs credentials (`/metrics` too, unless `--metrics-public`).
+//! A user who is not an admin sees and cancels only their own jobs (403 for another's).
 //!
 //! A job: `id`, `state` (`running` / `succeeded` / `failed` / `cancelled`), `sql`, `user`, `tag` (the
 //! front door's name for the statement; all three `null` for jobs not submitted through a front
@@ -29,18 +37,19 @@
 //! `tasks_done` (tasks that succeeded), `rows` (the final stage's, once succeeded), `retries`,
 //! `error`.
 //!
-//! Invariants: read-only except cancel; a cancel ends the job's result stream with `Cancelled`
-//! (the client sees why) and stops its tasks on every worker; the API has no login, so it listens
-//! on loopback addresses only.
+//! Invariants: read-only except cancel and login; a cancel ends the job's result stream with
+//! `Cancelled` (the client sees why) and stops its tasks on every worker; the endpoint listens on
+//! a loopback address unless it serves TLS and the server has accounts (as the other doors).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use axum::{Json, middleware};
 use datafusion::common::runtime::SpawnedTask;
 use serde_json::{Value, json};
 use sluice_engine::Result;
@@ -49,14 +58,43 @@ use sluice_runtime::analyze::{TASK_METRICS, TaskMetrics};
 use sluice_runtime::{DriverHandle, JobRecord, StageSummary, TaskRecord, stage_summaries};
 use tokio::sync::watch;
 
+use crate::rest_guard::{Caller, Guard, GuardState, basic_credentials, token_of};
 use crate::service::workers_json;
 use crate::sessions::Sessions;
+use crate::tls::FrontDoorTls;
 
 /// Where the REST API listens unless told otherwise.
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:8080";
 
 /// How often `/api/v1/events` looks for changed jobs.
 pub const EVENTS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How the REST endpoint serves.
+#[derive(Debug, Clone)]
+pub struct RestOptions {
+    /// Where it listens: a loopback address, unless it serves TLS and the server has accounts.
+    pub listen: String,
+    /// Host names it answers to besides its address, `localhost` and the loopback addresses.
+    pub allowed_hosts: Vec<String>,
+    /// Whether `/metrics` is served without credentials.
+    pub metrics_public: bool,
+    /// The certificate and key to serve HTTPS with.
+    pub tls: Option<FrontDoorTls>,
+}
+
+impl Default for RestOptions {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_HTTP_LISTEN.to_string(),
+            allowed_hosts: Vec::new(),
+            metrics_public: false,
+            tls: None,
+        }
+    }
+}
+
+/// The largest request body the API reads (a login's JSON).
+const MAX_BODY_BYTES: usize = 16 * 1024;
 
 /// A running REST endpoint.
 #[derive(Debug)]
@@ -74,6 +112,7 @@ type Reply = (StatusCode, Json<Value>);
 struct RestState {
     sessions: Arc<Sessions>,
     stopping: watch::Receiver<bool>,
+    guard: Arc<Guard>,
 }
 
 impl axum::extract::FromRef<RestState> for Arc<Sessions> {
@@ -83,30 +122,69 @@ impl axum::extract::FromRef<RestState> for Arc<Sessions> {
 }
 
 impl RestEndpoint {
-    /// Serves `sessions`' driver on `listen` (a loopback address).
-    pub async fn start(sessions: Arc<Sessions>, listen: &str) -> Result<Self> {
+    /// Serves `sessions`' driver as `options` say.
+    pub async fn start(sessions: Arc<Sessions>, options: &RestOptions) -> Result<Self> {
         // Counting starts with the endpoint; without a recorder `/metrics` says why.
         let _ = crate::prometheus::install();
-        let (listener, address) =
-            crate::server::bind_front_door(listen, "REST", "job details", false, false).await?;
+        let (listener, address) = crate::server::bind_front_door(
+            &options.listen,
+            "REST",
+            "job details",
+            options.tls.is_some(),
+            sessions.requires_login(),
+        )
+        .await?;
+        let guard = Arc::new(Guard::new(
+            address,
+            &options.allowed_hosts,
+            options.metrics_public,
+            options.tls.is_some(),
+        ));
+        let checks = GuardState {
+            guard: Arc::clone(&guard),
+            sessions: Arc::clone(&sessions),
+        };
         let app = Router::new()
             .route("/api/v1/jobs", get(jobs))
             .route("/api/v1/jobs/{id}", get(job))
             .route("/api/v1/jobs/{id}/cancel", post(cancel))
             .route("/api/v1/workers", get(workers))
             .route("/api/v1/events", get(events))
+            .route("/api/v1/login", post(login))
+            .route("/api/v1/logout", post(logout))
             .route("/metrics", get(metrics))
             .merge(crate::ui::routes());
         let (stop, stopping) = watch::channel(false);
-        let app = app.with_state(RestState {
-            sessions,
-            stopping: stopping.clone(),
-        });
-        let serving = SpawnedTask::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stopped(stopping))
-                .await
-        });
+        let app = app
+            .with_state(RestState {
+                sessions,
+                stopping: stopping.clone(),
+                guard,
+            })
+            .layer(middleware::from_fn_with_state(
+                checks,
+                crate::rest_guard::guard,
+            ))
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .into_make_service_with_connect_info::<SocketAddr>();
+        let serving = match &options.tls {
+            None => SpawnedTask::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped(stopping))
+                    .await
+            }),
+            Some(tls) => {
+                use axum::serve::ListenerExt;
+                // `tap_io` gives the listener axum's connect info (the client's address).
+                let listener =
+                    crate::tls::TlsListener::new(listener, tls.acceptor()).tap_io(|_| {});
+                SpawnedTask::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped(stopping))
+                        .await
+                })
+            }
+        };
         Ok(Self {
             address,
             stop,
@@ -210,17 +288,43 @@ async fn records(sessions: &Sessions) -> std::result::Result<Vec<JobRecord>, Rep
     }
 }
 
-async fn jobs(State(sessions): State<Arc<Sessions>>) -> Reply {
+/// The user who submitted `job` (`None`: no front door did).
+fn owner(job: &JobRecord) -> Option<&str> {
+    job.label.as_deref().map(|label| label.user.as_str())
+}
+
+/// The refusal of a job `caller` may not see.
+fn foreign(id: u64) -> Reply {
+    failure(
+        StatusCode::FORBIDDEN,
+        format!("job {id} belongs to another user"),
+    )
+}
+
+async fn jobs(
+    State(sessions): State<Arc<Sessions>>,
+    Extension(caller): Extension<Caller>,
+) -> Reply {
     match records(&sessions).await {
         Ok(records) => (
             StatusCode::OK,
-            Json(Value::Array(records.iter().map(job_json).collect())),
+            Json(Value::Array(
+                records
+                    .iter()
+                    .filter(|job| caller.may_see(owner(job)))
+                    .map(job_json)
+                    .collect(),
+            )),
         ),
         Err(reply) => reply,
     }
 }
 
-async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Reply {
+async fn job(
+    State(sessions): State<Arc<Sessions>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Reply {
     let records = match records(&sessions).await {
         Ok(records) => records,
         Err(reply) => return reply,
@@ -228,6 +332,9 @@ async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Repl
     let Some(record) = records.iter().find(|r| r.job == id) else {
         return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
     };
+    if !caller.may_see(owner(record)) {
+        return foreign(id);
+    }
     let mut body = job_json(record);
     let summaries = stage_summaries(&record.stage_tasks, &record.attempts);
     body["stage_details"] = summaries
@@ -269,10 +376,24 @@ async fn job(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Repl
     (StatusCode::OK, Json(body))
 }
 
-async fn cancel(State(sessions): State<Arc<Sessions>>, Path(id): Path<u64>) -> Reply {
+async fn cancel(
+    State(sessions): State<Arc<Sessions>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Reply {
     let Some(driver) = driver(&sessions) else {
         return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
     };
+    if !caller.is_admin() {
+        match records(&sessions).await {
+            Ok(records) => match records.iter().find(|r| r.job == id) {
+                None => return failure(StatusCode::NOT_FOUND, format!("no job {id}")),
+                Some(record) if !caller.may_see(owner(record)) => return foreign(id),
+                Some(_) => {}
+            },
+            Err(reply) => return reply,
+        }
+    }
     match driver.cancel_job(JobId(id), "REST API").await {
         Ok(true) => (StatusCode::OK, Json(json!({ "cancelled": true }))),
         Ok(false) => match records(&sessions).await {
@@ -310,6 +431,77 @@ async fn metrics(State(sessions): State<Arc<Sessions>>) -> axum::response::Respo
     }
 }
 
+/// `POST /api/v1/login`: checks the credentials (a JSON body `{"user", "password"}`, or Basic
+/// credentials) and opens a session; its token comes back in the body and in the cookie.
+async fn login(
+    State(state): State<RestState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let sessions = &state.sessions;
+    if !sessions.requires_login() {
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "this server has no user accounts: there is nothing to log in to",
+        )
+        .into_response();
+    }
+    let credentials = match basic_credentials(&headers) {
+        Some(credentials) => credentials,
+        None => credentials_of_json(&body),
+    };
+    let (user, password) = match credentials {
+        Ok(credentials) => credentials,
+        Err(message) => return failure(StatusCode::BAD_REQUEST, message).into_response(),
+    };
+    match sessions.open_from(&user, &password, Some(peer.ip())).await {
+        Ok(token) => {
+            let role = sessions
+                .users()
+                .and_then(|users| users.role(&user))
+                .map(|role| role.name());
+            (
+                StatusCode::OK,
+                [(header::SET_COOKIE, state.guard.cookie(&token))],
+                Json(json!({ "token": token, "user": user, "role": role })),
+            )
+                .into_response()
+        }
+        Err(status) => {
+            let code = match status.code() {
+                tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+                tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            failure(code, status.message()).into_response()
+        }
+    }
+}
+
+/// `{"user": "...", "password": "..."}`.
+fn credentials_of_json(body: &[u8]) -> std::result::Result<(String, String), String> {
+    let expected = "expected a JSON body {\"user\": ..., \"password\": ...} or Basic credentials";
+    let value: Value = serde_json::from_slice(body).map_err(|_| expected.to_string())?;
+    match (value.get("user"), value.get("password")) {
+        (Some(Value::String(user)), Some(Value::String(password))) => {
+            Ok((user.clone(), password.clone()))
+        }
+        _ => Err(expected.to_string()),
+    }
+}
+
+/// `POST /api/v1/logout`: ends the request's session and clears the cookie.
+async fn logout(State(state): State<RestState>, headers: HeaderMap) -> axum::response::Response {
+    let closed = token_of(&headers).is_some_and(|token| state.sessions.close(&token));
+    (
+        StatusCode::OK,
+        [(header::SET_COOKIE, state.guard.cookie(""))],
+        Json(json!({ "logged_out": closed })),
+    )
+        .into_response()
+}
+
 /// What makes a job worth a new event: it ended, a task finished, rows arrived, a region retried.
 type Fingerprint = (&'static str, usize, u64, usize);
 
@@ -326,7 +518,10 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 /// stream lives as long as the client's connection (axum drops it when the client goes away) or
 /// until the endpoint stops.
 async fn events(
-    State(RestState { sessions, stopping }): State<RestState>,
+    State(RestState {
+        sessions, stopping, ..
+    }): State<RestState>,
+    Extension(caller): Extension<Caller>,
 ) -> axum::response::sse::Sse<
     impl futures::Stream<
         Item = std::result::Result<axum::response::sse::Event, std::convert::Infallible>,
@@ -337,25 +532,29 @@ async fn events(
     let seen: std::collections::HashMap<u64, Fingerprint> = std::collections::HashMap::new();
     let changes = futures::stream::unfold(
         (sessions, seen, true),
-        |(sessions, mut seen, first)| async move {
-            if !first {
-                tokio::time::sleep(EVENTS_EVERY).await;
+        move |(sessions, mut seen, first)| {
+            let caller = caller.clone();
+            async move {
+                if !first {
+                    tokio::time::sleep(EVENTS_EVERY).await;
+                }
+                let mut jobs = records(&sessions).await.unwrap_or_default();
+                jobs.retain(|job| caller.may_see(owner(job)));
+                seen.retain(|id, _| jobs.iter().any(|job| job.job == *id));
+                let changed: Vec<Event> = jobs
+                    .iter()
+                    .filter(|job| {
+                        let print = fingerprint(job);
+                        seen.insert(job.job, print) != Some(print)
+                    })
+                    .map(|job| {
+                        Event::default()
+                            .event("job")
+                            .data(job_json(job).to_string())
+                    })
+                    .collect();
+                Some((futures::stream::iter(changed), (sessions, seen, false)))
             }
-            let jobs = records(&sessions).await.unwrap_or_default();
-            seen.retain(|id, _| jobs.iter().any(|job| job.job == *id));
-            let changed: Vec<Event> = jobs
-                .iter()
-                .filter(|job| {
-                    let print = fingerprint(job);
-                    seen.insert(job.job, print) != Some(print)
-                })
-                .map(|job| {
-                    Event::default()
-                        .event("job")
-                        .data(job_json(job).to_string())
-                })
-                .collect();
-            Some((futures::stream::iter(changed), (sessions, seen, false)))
         },
     )
     .flatten()

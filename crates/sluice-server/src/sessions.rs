@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sluice_engine::access::{Access, Role, Roots};
 use sluice_engine::{Result, SluiceError, SluiceSession};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
@@ -85,6 +86,8 @@ struct Opened {
 pub struct Sessions {
     factory: SessionFactory,
     users: Option<Arc<Users>>,
+    /// Where non-admin users may read and write.
+    roots: Arc<Roots>,
     /// Failed logins, per user name and address.
     logins: Arc<LoginLimiter>,
     /// Password hashes that may run at once.
@@ -119,6 +122,7 @@ impl Sessions {
         Ok(Self {
             factory,
             users: users.map(Arc::new),
+            roots: Arc::new(Roots::default()),
             logins: Arc::new(LoginLimiter::default()),
             hashing: tokio::sync::Semaphore::new(HASHING_PERMITS),
             idle_ttl: SESSION_IDLE_TTL,
@@ -134,6 +138,25 @@ impl Sessions {
     pub fn with_max_concurrent_jobs(mut self, limit: Option<usize>) -> Self {
         self.admission = Arc::new(Admission::new(limit));
         self
+    }
+
+    /// The same sessions with `roots` as the read and write roots of non-admin users.
+    pub fn with_roots(mut self, roots: Roots) -> Self {
+        self.roots = Arc::new(roots);
+        self
+    }
+
+    /// The roots of non-admin users.
+    pub fn roots(&self) -> &Roots {
+        &self.roots
+    }
+
+    /// What a session of `user` may do: `None` (everything) on a server without accounts, else
+    /// the user's role under the server's roots (an unknown user: a reader).
+    pub fn access_of(&self, user: &str) -> Option<Arc<Access>> {
+        let users = self.users.as_ref()?;
+        let role = users.role(user).unwrap_or(Role::Reader);
+        Some(Arc::new(Access::new(user, role, Arc::clone(&self.roots))))
     }
 
     /// The same sessions with other limits on failed logins.
@@ -175,6 +198,40 @@ impl Sessions {
         password: &str,
         address: Option<IpAddr>,
     ) -> Result<String, Status> {
+        self.authenticate(user, password, address).await?;
+        let session = self
+            .factory
+            .open()
+            .await
+            .map_err(|e| crate::status::status_of(&e))?;
+        session.grant(self.access_of(user));
+        let session = Arc::new(session);
+        let id = SessionId(self.next.fetch_add(1, Ordering::Relaxed));
+        let secret = random_hex().map_err(|e| crate::status::status_of(&e))?;
+        let token = format!("s{}.{secret}", id.0);
+        let mut opened = self.lock();
+        let idle_ttl = self.idle_ttl;
+        opened.retain(|_, entry| entry.last_used.elapsed() < idle_ttl);
+        opened.insert(
+            id,
+            Opened {
+                secret,
+                user: user.to_string(),
+                session,
+                last_used: Instant::now(),
+            },
+        );
+        Ok(token)
+    }
+
+    /// Checks `user`'s `password` from a client at `address` with the limits of
+    /// [`Self::open_from`], without opening a session (a server without accounts takes anyone).
+    pub async fn authenticate(
+        &self,
+        user: &str,
+        password: &str,
+        address: Option<IpAddr>,
+    ) -> Result<(), Status> {
         if let Some(users) = &self.users {
             let refused = |refused: crate::login_limit::Refused| {
                 Status::resource_exhausted(refused.to_string())
@@ -203,28 +260,23 @@ impl Sessions {
             }
             self.logins.succeeded(user);
         }
-        let session = Arc::new(
-            self.factory
-                .open()
-                .await
-                .map_err(|e| crate::status::status_of(&e))?,
-        );
-        let id = SessionId(self.next.fetch_add(1, Ordering::Relaxed));
-        let secret = random_hex().map_err(|e| crate::status::status_of(&e))?;
-        let token = format!("s{}.{secret}", id.0);
-        let mut opened = self.lock();
-        let idle_ttl = self.idle_ttl;
-        opened.retain(|_, entry| entry.last_used.elapsed() < idle_ttl);
-        opened.insert(
-            id,
-            Opened {
-                secret,
-                user: user.to_string(),
-                session,
-                last_used: Instant::now(),
-            },
-        );
-        Ok(token)
+        Ok(())
+    }
+
+    /// The user whose session `token` names (`None`: no such session, or it expired).
+    pub fn user_of_token(&self, token: &str) -> Option<String> {
+        match self.by_token(token)? {
+            (SessionKey::Opened(id), _) => self.user_of(id),
+            (SessionKey::Anonymous, _) => None,
+        }
+    }
+
+    /// Ends the session `token` names (a logout); `false` when there is none.
+    pub fn close(&self, token: &str) -> bool {
+        match self.by_token(token) {
+            Some((SessionKey::Opened(id), _)) => self.lock().remove(&id).is_some(),
+            _ => false,
+        }
     }
 
     /// The session `request` belongs to: its `authorization: Bearer` token's, else the anonymous
@@ -306,8 +358,16 @@ impl Sessions {
 
     /// A new session forked from the base session, not filed under any token (a Postgres
     /// connection holds its own).
+    ///
+    /// On a server with accounts it may read only the registered tables until its login grants
+    /// the user's access ([`Self::access_of`]).
     pub async fn fork(&self) -> Result<SluiceSession> {
-        self.factory.open().await
+        let session = self.factory.open().await?;
+        if self.requires_login() {
+            let nobody = Access::new("(not logged in)", Role::Reader, Arc::new(Roots::default()));
+            session.grant(Some(Arc::new(nobody)));
+        }
+        Ok(session)
     }
 
     /// The base session the others fork.

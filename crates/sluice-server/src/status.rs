@@ -14,6 +14,7 @@
 //! | other planning error                      | `InvalidArgument`   | `42000`  |
 //! | feature not supported                     | `InvalidArgument`   | `0A000`  |
 //! | bad setting or request                    | `InvalidArgument`   | `22023`  |
+//! | not allowed for the user's role           | `PermissionDenied`  | `42501`  |
 //! | division by zero                          | `InvalidArgument`   | `22012`  |
 //! | memory pool exhausted                     | `ResourceExhausted` | `53200`  |
 //! | cancelled by the user                     | `Cancelled`         | `57014`  |
@@ -39,6 +40,8 @@ pub enum Failure {
     NotSupported,
     /// A bad setting or request.
     InvalidArgument,
+    /// The user's role does not allow it.
+    PermissionDenied,
     /// A division by zero while the query ran.
     DivisionByZero,
     /// The memory pool is exhausted.
@@ -55,6 +58,7 @@ impl Failure {
         match error {
             SluiceError::Cancelled => Self::Cancelled,
             SluiceError::Invalid(_) | SluiceError::Config { .. } => Self::InvalidArgument,
+            SluiceError::PermissionDenied(_) => Self::PermissionDenied,
             SluiceError::Table { .. } | SluiceError::Io { .. } | SluiceError::Arrow(_) => {
                 Self::Internal
             }
@@ -105,6 +109,7 @@ impl Failure {
             | Self::InvalidArgument
             | Self::DivisionByZero => Code::InvalidArgument,
             Self::ResourcesExhausted => Code::ResourceExhausted,
+            Self::PermissionDenied => Code::PermissionDenied,
             Self::Cancelled => Code::Cancelled,
             Self::Internal => Code::Internal,
         }
@@ -119,6 +124,7 @@ impl Failure {
             Self::Planning => "42000",
             Self::NotSupported => "0A000",
             Self::InvalidArgument => "22023",
+            Self::PermissionDenied => "42501",
             Self::DivisionByZero => "22012",
             Self::ResourcesExhausted => "53200",
             Self::Cancelled => "57014",
@@ -130,8 +136,24 @@ impl Failure {
 /// The text a client gets for `error`: what local mode prints, DataFusion's line breaks kept.
 pub fn message_of(error: &SluiceError) -> String {
     match error {
-        SluiceError::DataFusion(error) => error.strip_backtrace(),
+        SluiceError::DataFusion(error) => datafusion_message(error),
         other => other.to_string(),
+    }
+}
+
+/// The text a client gets for a DataFusion error: its own, line breaks kept, except that a
+/// refusal raised inside DataFusion (the table of a quoted path) reads as it was raised.
+pub fn datafusion_message(error: &DataFusionError) -> String {
+    match error.find_root() {
+        DataFusionError::External(inner)
+            if matches!(
+                inner.downcast_ref::<SluiceError>(),
+                Some(SluiceError::PermissionDenied(_))
+            ) =>
+        {
+            inner.to_string()
+        }
+        _ => error.strip_backtrace(),
     }
 }
 

@@ -85,6 +85,82 @@ impl FrontDoorTls {
     }
 }
 
+/// How long a new HTTPS connection may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Handshakes an HTTPS listener runs at once; further connections wait in the kernel's queue.
+const MAX_HANDSHAKES: usize = 256;
+
+type Handshake = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Option<(
+                    tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+                    std::net::SocketAddr,
+                )>,
+            > + Send,
+    >,
+>;
+
+/// The REST endpoint's HTTPS listener: accepts TCP connections and hands out those whose TLS
+/// handshake succeeded. Handshakes run side by side (at most [`MAX_HANDSHAKES`], each within
+/// [`HANDSHAKE_TIMEOUT`]), so a client that stalls in its handshake holds up no one else; one that
+/// fails or stalls is dropped.
+pub(crate) struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: TlsAcceptor,
+    handshakes: futures::stream::FuturesUnordered<Handshake>,
+}
+
+impl TlsListener {
+    /// HTTPS on `tcp` with `acceptor`'s certificate.
+    pub(crate) fn new(tcp: tokio::net::TcpListener, acceptor: TlsAcceptor) -> Self {
+        Self {
+            tcp,
+            acceptor,
+            handshakes: futures::stream::FuturesUnordered::new(),
+        }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use futures::StreamExt;
+        loop {
+            let room = self.handshakes.len() < MAX_HANDSHAKES;
+            tokio::select! {
+                accepted = self.tcp.accept(), if room => match accepted {
+                    Ok((socket, peer)) => {
+                        let _ = socket.set_nodelay(true);
+                        let acceptor = self.acceptor.clone();
+                        self.handshakes.push(Box::pin(async move {
+                            let handshake = acceptor.accept(socket);
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                                Ok(Ok(stream)) => Some((stream, peer)),
+                                _ => None,
+                            }
+                        }));
+                    }
+                    // A failed accept (out of file descriptors) must not spin.
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                },
+                Some(done) = self.handshakes.next(), if !self.handshakes.is_empty() => {
+                    if let Some(connection) = done {
+                        return connection;
+                    }
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
 /// The request codes a Postgres client may open with in clear on a TLS door: `SSLRequest` and
 /// `CancelRequest` (its secret key is all it carries).
 const SSL_REQUEST: u32 = 80_877_103;

@@ -1,7 +1,9 @@
-//! The server's user accounts (`--users FILE`): one line per user, `name:verifier`, where the
+//! The server's user accounts (`--users FILE`): one line per user, `name:verifier [role]`, where the
 //! verifier is Postgres's SCRAM-SHA-256 format, `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`
-//! (base64), so one file can serve both the Flight SQL handshake and, later, SCRAM on the Postgres
-//! wire. Blank lines and lines starting with `#` are ignored. `sluice hash-password` prints a verifier.
+//! (base64), so one file serves both the Flight SQL handshake and SCRAM on the Postgres wire, and
+//! the role is `reader`, `writer` or `admin` ([`sluice_engine::access`]; a line without one is a
+//! reader). Blank lines and lines starting with `#` are ignored. `sluice hash-password` prints a
+//! verifier.
 //!
 //! Invariants: no password is stored or logged; a check derives the StoredKey from the offered
 //! password and compares it in constant time; an unknown user costs the same derivation as a known one.
@@ -13,6 +15,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
+use sluice_engine::access::Role;
 use sluice_engine::{Result, SluiceError};
 use subtle::ConstantTimeEq;
 
@@ -144,10 +147,17 @@ impl Verifier {
     }
 }
 
+/// One account: its verifier and role (`None`: none given, so a reader).
+#[derive(Debug, Clone)]
+struct Account {
+    verifier: Verifier,
+    role: Option<Role>,
+}
+
 /// The accounts of a users file.
 #[derive(Debug, Clone, Default)]
 pub struct Users {
-    by_name: HashMap<String, Verifier>,
+    by_name: HashMap<String, Account>,
     /// Checked for unknown users, so they take as long as known ones.
     decoy: Option<Verifier>,
     /// Makes each unknown user's SCRAM salt (random per process, so salts cannot be compared
@@ -173,12 +183,25 @@ impl Users {
                 continue;
             }
             let number = index + 1;
-            let (name, verifier) = line
+            let (name, rest) = line
                 .split_once(':')
-                .ok_or_else(|| format!("line {number}: expected name:verifier"))?;
-            let verifier =
-                Verifier::parse(verifier).map_err(|message| format!("line {number}: {message}"))?;
-            if by_name.insert(name.trim().to_string(), verifier).is_some() {
+                .ok_or_else(|| format!("line {number}: expected name:verifier [role]"))?;
+            let mut words = rest.split_whitespace();
+            let verifier = Verifier::parse(words.next().unwrap_or_default())
+                .map_err(|message| format!("line {number}: {message}"))?;
+            let role = match words.next() {
+                None => None,
+                Some(word) => Some(Role::parse(word).ok_or_else(|| {
+                    format!("line {number}: '{word}' is not a role (reader, writer or admin)")
+                })?),
+            };
+            if let Some(extra) = words.next() {
+                return Err(format!(
+                    "line {number}: unexpected '{extra}' after the role (expected name:verifier [role])"
+                ));
+            }
+            let account = Account { verifier, role };
+            if by_name.insert(name.trim().to_string(), account).is_some() {
                 return Err(format!(
                     "line {number}: user '{}' is given twice",
                     name.trim()
@@ -191,7 +214,7 @@ impl Users {
         // As slow as the slowest real account, whatever the name.
         let iterations = by_name
             .values()
-            .map(|v| v.iterations)
+            .map(|account| account.verifier.iterations)
             .max()
             .unwrap_or(DEFAULT_ITERATIONS);
         let decoy = Some(Verifier::new("", b"sluice-decoy-salt", iterations));
@@ -207,7 +230,7 @@ impl Users {
     /// Whether `user` exists and `password` is theirs.
     pub fn check(&self, user: &str, password: &str) -> bool {
         match self.by_name.get(user) {
-            Some(verifier) => verifier.check(password),
+            Some(account) => account.verifier.check(password),
             None => {
                 if let Some(decoy) = &self.decoy {
                     let _ = decoy.check(password);
@@ -221,8 +244,8 @@ impl Users {
     /// unknown user gets a decoy with a salt of its own (the same on every try, as a real account's
     /// is) and the real accounts' iteration count, so the exchange looks the same until it fails.
     pub fn verifier(&self, user: &str) -> Option<(Verifier, bool)> {
-        if let Some(verifier) = self.by_name.get(user) {
-            return Some((verifier.clone(), true));
+        if let Some(account) = self.by_name.get(user) {
+            return Some((account.verifier.clone(), true));
         }
         let decoy = self.decoy.as_ref()?;
         let salt = hmac(&self.decoy_key, user.as_bytes());
@@ -235,6 +258,25 @@ impl Users {
             },
             false,
         ))
+    }
+
+    /// `user`'s role (a reader when the file gives none); `None` for an unknown user.
+    pub fn role(&self, user: &str) -> Option<Role> {
+        self.by_name
+            .get(user)
+            .map(|account| account.role.unwrap_or(Role::Reader))
+    }
+
+    /// The users whose line names no role (readers by default), sorted.
+    pub fn without_role(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .by_name
+            .iter()
+            .filter(|(_, account)| account.role.is_none())
+            .map(|(name, _)| name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// How many accounts there are.
@@ -304,6 +346,26 @@ mod tests {
             "line 1: expected SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>"
         );
         assert_eq!(Users::parse("# nobody\n").unwrap_err(), "no users");
+        // Roles follow the verifier after a space; a line without one is a reader.
+        let with_roles = Users::parse(&format!(
+            "ann:{ann} admin\nbob:{bob}\t writer\ncarol:{ann}\ndave:{bob} reader\n"
+        ))
+        .unwrap();
+        assert_eq!(with_roles.role("ann"), Some(Role::Admin));
+        assert_eq!(with_roles.role("bob"), Some(Role::Writer));
+        assert_eq!(with_roles.role("carol"), Some(Role::Reader));
+        assert_eq!(with_roles.role("dave"), Some(Role::Reader));
+        assert_eq!(with_roles.role("eve"), None);
+        assert_eq!(with_roles.without_role(), vec!["carol"]);
+        assert!(with_roles.check("bob", "b"));
+        assert_eq!(
+            Users::parse(&format!("ann:{ann} root")).unwrap_err(),
+            "line 1: 'root' is not a role (reader, writer or admin)"
+        );
+        assert_eq!(
+            Users::parse(&format!("ann:{ann} admin extra")).unwrap_err(),
+            "line 1: unexpected 'extra' after the role (expected name:verifier [role])"
+        );
         // Unknown users get salts of their own, stable across tries, and the accounts' rounds.
         let (carol, known) = users.verifier("carol").unwrap();
         let (dave, _) = users.verifier("dave").unwrap();

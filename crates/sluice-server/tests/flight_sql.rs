@@ -15,6 +15,7 @@ use arrow_flight::sql::CommandGetTables;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use datafusion::common::runtime::SpawnedTask;
 use futures::TryStreamExt;
+use sluice_engine::access::Roots;
 use sluice_engine::catalog::table_at;
 use sluice_engine::{SluiceConfig, SluiceSession};
 use sluice_server::users::{Users, Verifier};
@@ -55,11 +56,19 @@ async fn server_on(
     base.register_table(table_at("t", &path).unwrap())
         .await
         .unwrap();
+    // Non-admins read under the directory and write under its `out`.
+    let out = dir.path().join("out");
+    let roots = Roots::parse(
+        &[dir.path().display().to_string()],
+        &[out.display().to_string()],
+    )
+    .unwrap();
     let sessions = Arc::new(
         Sessions::with_users(SessionFactory::new(base), users)
             .await
             .unwrap()
-            .with_max_concurrent_jobs(max_concurrent_jobs),
+            .with_max_concurrent_jobs(max_concurrent_jobs)
+            .with_roots(roots),
     );
     let options = FlightSqlOptions {
         listen: "127.0.0.1:0".into(),
@@ -299,6 +308,49 @@ async fn with_accounts_only_a_right_password_opens_a_session() {
         query(&mut client, "select count(*) as n from t").await,
         "+---+\n| n |\n+---+\n| 3 |\n+---+"
     );
+}
+
+#[tokio::test]
+async fn a_role_refusal_is_permission_denied_naming_what_was_refused() {
+    let verifier = Verifier::new("pw", b"some salt", 64).to_text();
+    let users = Users::parse(&format!("ann:{verifier}\nwes:{verifier} writer")).unwrap();
+    let server = server_with(Some(users)).await;
+    let dir = server._dir.path().canonicalize().unwrap();
+    let mut reader = client(&server).await;
+    reader.handshake("ann", "pw").await.unwrap();
+    let refused = status_of(
+        reader
+            .execute("select * from '/etc/passwd'".into(), None)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    assert_eq!(
+        refused.message(),
+        format!(
+            "permission denied for user 'ann' (reader): cannot read '/etc/passwd' (/etc/passwd): \
+             it is not under a read root ({})",
+            dir.display()
+        )
+    );
+    assert_eq!(
+        query(&mut reader, "select count(*) as n from t").await,
+        "+---+\n| n |\n+---+\n| 3 |\n+---+"
+    );
+    let mut writer = client(&server).await;
+    writer.handshake("wes", "pw").await.unwrap();
+    let copy = format!("copy (select 1 as a) to '{}/out/x.csv'", dir.display());
+    let refused = status_of(reader.execute(copy.clone(), None).await.unwrap_err());
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    assert_eq!(
+        refused.message(),
+        "permission denied for user 'ann' (reader): COPY needs the writer role"
+    );
+    assert_eq!(
+        query(&mut writer, &copy).await,
+        "+-------+\n| count |\n+-------+\n| 1     |\n+-------+"
+    );
+    assert!(dir.join("out/x.csv").exists());
 }
 
 /// The median of `runs` runs of a small query, in seconds.

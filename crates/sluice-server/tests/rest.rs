@@ -2,7 +2,8 @@
 //! `/api/v1/jobs` and `/api/v1/jobs/{id}` show it, with what varies from run to run (times,
 //! addresses, byte counts) redacted, against `tests/golden/rest_*.json` (`SLUICE_BLESS=1` rewrites
 //! them). A field added, renamed, retyped or dropped fails here first. `/api/v1/events` streams the
-//! job's changes to a client subscribed before it ran.
+//! job's changes to a client subscribed before it ran. On a server with accounts, the API needs
+//! credentials, checks Host and Origin, and shows each user only their own jobs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,8 +14,16 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use sluice_engine::catalog::table_at;
 use sluice_engine::{SluiceConfig, SluiceSession};
-use sluice_server::rest::RestEndpoint;
+use sluice_server::rest::{RestEndpoint, RestOptions};
+use sluice_server::users::{Users, Verifier};
 use sluice_server::{SessionFactory, Sessions};
+
+fn loopback() -> RestOptions {
+    RestOptions {
+        listen: "127.0.0.1:0".into(),
+        ..RestOptions::default()
+    }
+}
 
 fn golden(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -123,7 +132,7 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
         .await
         .unwrap();
     let sessions = Arc::new(Sessions::new(SessionFactory::new(base)).await.unwrap());
-    let rest = RestEndpoint::start(sessions.clone(), "127.0.0.1:0")
+    let rest = RestEndpoint::start(sessions.clone(), &loopback())
         .await
         .unwrap();
     // Subscribed before the query runs: its events arrive as it changes.
@@ -174,4 +183,261 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
         .unwrap()
         .expect("the event stream never ended");
     assert_eq!(text.matches("event: job").count(), 2, "{text}");
+}
+
+/// One HTTP request with `headers` (besides Connection: close; a `Host` of the address unless
+/// given): the status, the response's head and its JSON body (`Null` when it has none).
+fn request(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, Value) {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        head += &format!("Host: {address}\r\n");
+    }
+    for (name, value) in headers {
+        head += &format!("{name}: {value}\r\n");
+    }
+    head += &format!("Content-Length: {}\r\n\r\n{body}", body.len());
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head[9..12].parse().unwrap();
+    (
+        status,
+        head.to_string(),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+fn basic(user: &str) -> String {
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:pw"));
+    format!("Basic {encoded}")
+}
+
+fn job_ids(jobs: &Value) -> Vec<u64> {
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// Runs `sql` in `session` as a front door would for `user` (its job labelled with the user).
+async fn run_as(session: &SluiceSession, user: &str, sql: &str) -> usize {
+    let statement = session.parse_sql(sql).unwrap().pop().unwrap();
+    let planned = session.plan(statement).await.unwrap();
+    let label = sluice_runtime::JobLabel {
+        tag: format!("test {user}"),
+        sql: sql.to_string(),
+        user: user.to_string(),
+    };
+    let stream = session.run_labelled(planned, label).unwrap();
+    sluice_engine::session::collect_stream(stream)
+        .await
+        .map(|output| output.row_count())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_shows_own_jobs() {
+    let verifier = Verifier::new("pw", b"some salt", 64).to_text();
+    let users = Users::parse(&format!(
+        "ann:{verifier}\nbob:{verifier} writer\nada:{verifier} admin"
+    ))
+    .unwrap();
+    let runner = Arc::new(sluice_runtime::LocalGraphRunner::default());
+    let base = SluiceSession::new(&SluiceConfig::default(), runner).unwrap();
+    let sessions = Arc::new(
+        Sessions::with_users(SessionFactory::new(base), Some(users))
+            .await
+            .unwrap(),
+    );
+    let options = RestOptions {
+        allowed_hosts: vec!["sluice.test".into()],
+        ..loopback()
+    };
+    let rest = RestEndpoint::start(sessions.clone(), &options)
+        .await
+        .unwrap();
+    let address = rest.address().to_string();
+    assert_eq!(run_as(sessions.base(), "ann", "select 1").await, 1);
+    assert_eq!(run_as(sessions.base(), "bob", "select 2").await, 1);
+    // bob's long query runs while the checks below try to cancel it.
+    let long = {
+        let sessions = Arc::clone(&sessions);
+        tokio::spawn(async move {
+            run_as(
+                sessions.base(),
+                "bob",
+                "select count(distinct value % 1000003) from generate_series(1, 5000000000)",
+            )
+            .await
+        })
+    };
+    let http = move |method: &'static str, path: String, headers: Vec<(&'static str, String)>| {
+        let address = address.clone();
+        tokio::task::spawn_blocking(move || {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            request(&address, method, &path, &headers, "")
+        })
+    };
+    let jobs = |user: &str| vec![("Authorization", basic(user))];
+    let (status, head, body) = http("GET", "/api/v1/jobs".into(), vec![]).await.unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        head.contains("www-authenticate: Bearer realm=\"sluice\""),
+        "{head}"
+    );
+    let (status, _, body) = http("GET", "/metrics".into(), vec![]).await.unwrap();
+    assert_eq!(status, 401, "{body}");
+    let (status, _, body) = http(
+        "GET",
+        "/api/v1/jobs".into(),
+        vec![("Authorization", "Basic YW5uOndyb25n".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (status, &body["error"]),
+        (401, &json!("wrong user name or password for 'ann'"))
+    );
+    // The long query is job 3; wait until it runs.
+    for _ in 0..100 {
+        let (_, _, body) = http("GET", "/api/v1/jobs".into(), jobs("ada"))
+            .await
+            .unwrap();
+        if body
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["id"] == 3 && j["state"] == "running")
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (status, _, body) = http("GET", "/api/v1/jobs".into(), jobs("ann"))
+        .await
+        .unwrap();
+    assert_eq!((status, job_ids(&body)), (200, vec![1]));
+    let (status, _, body) = http("GET", "/api/v1/jobs".into(), jobs("bob"))
+        .await
+        .unwrap();
+    assert_eq!((status, job_ids(&body)), (200, vec![2, 3]));
+    let (status, _, body) = http("GET", "/api/v1/jobs".into(), jobs("ada"))
+        .await
+        .unwrap();
+    assert_eq!((status, job_ids(&body)), (200, vec![1, 2, 3]));
+    let (status, _, body) = http("GET", "/api/v1/jobs/2".into(), jobs("ann"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &body["error"]),
+        (403, &json!("job 2 belongs to another user"))
+    );
+    let (status, _, body) = http("POST", "/api/v1/jobs/3/cancel".into(), jobs("ann"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &body["error"]),
+        (403, &json!("job 3 belongs to another user"))
+    );
+    // A foreign Host is refused even for a read with valid credentials; a listed one is served.
+    let mut evil = jobs("ada");
+    evil.push(("Host", "evil.example:8080".into()));
+    let (status, _, body) = http("GET", "/api/v1/jobs".into(), evil).await.unwrap();
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            403,
+            &json!(
+                "this server does not answer to the host 'evil.example:8080' (see --http-allowed-host)"
+            )
+        )
+    );
+    let mut listed = jobs("ada");
+    listed.push(("Host", "sluice.test".into()));
+    let (status, _, _) = http("GET", "/api/v1/jobs".into(), listed).await.unwrap();
+    assert_eq!(status, 200);
+    // A cancel from another site is refused, even an admin's; from the UI's own origin it runs.
+    let mut cross = jobs("ada");
+    cross.push(("Origin", "http://evil.example".into()));
+    let (status, _, body) = http("POST", "/api/v1/jobs/3/cancel".into(), cross)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &body["error"]),
+        (
+            403,
+            &json!("a POST from another site (http://evil.example) is refused")
+        )
+    );
+    let mut same = jobs("ada");
+    same.push(("Origin", format!("http://{}", rest.address())));
+    let (status, _, body) = http("POST", "/api/v1/jobs/3/cancel".into(), same)
+        .await
+        .unwrap();
+    assert_eq!((status, &body), (200, &json!({"cancelled": true})));
+    assert_eq!(long.await.unwrap(), 0, "the cancelled query returned rows");
+
+    // A login gives a token and a strict cookie; either one is a credential.
+    let login = {
+        let address = rest.address().to_string();
+        tokio::task::spawn_blocking(move || {
+            let body = r#"{"user": "ann", "password": "pw"}"#;
+            let headers = [("Content-Type", "application/json")];
+            request(&address, "POST", "/api/v1/login", &headers, body)
+        })
+    };
+    let (status, head, body) = login.await.unwrap();
+    assert_eq!(
+        (status, &body["user"], &body["role"]),
+        (200, &json!("ann"), &json!("reader"))
+    );
+    let token = body["token"].as_str().unwrap().to_string();
+    assert!(
+        head.contains(&format!(
+            "set-cookie: sluice_token={token}; HttpOnly; SameSite=Strict; Path=/"
+        )),
+        "{head}"
+    );
+    let (status, _, body) = http(
+        "GET",
+        "/api/v1/jobs".into(),
+        vec![("Cookie", format!("sluice_token={token}"))],
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, job_ids(&body)), (200, vec![1]));
+    let (status, _, _) = http(
+        "POST",
+        "/api/v1/logout".into(),
+        vec![("Authorization", format!("Bearer {token}"))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    let (status, _, body) = http(
+        "GET",
+        "/api/v1/jobs".into(),
+        vec![("Authorization", format!("Bearer {token}"))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (status, &body["error"]),
+        (401, &json!("unknown or expired session token"))
+    );
+    rest.stop().await;
 }

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use sluice_engine::access::{Location, Roots};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use sluice_server::login_limit::LoginLimits;
 use sluice_server::postgres::DEFAULT_PG_LISTEN;
-use sluice_server::rest::{DEFAULT_HTTP_LISTEN, RestEndpoint};
+use sluice_server::rest::{DEFAULT_HTTP_LISTEN, RestEndpoint, RestOptions};
 use sluice_server::server::DEFAULT_FLIGHT_SQL_LISTEN;
 use sluice_server::tls::FrontDoorTls;
 use sluice_server::users::{Users, Verifier};
@@ -38,10 +39,17 @@ pub struct ServerArgs {
     /// Where the Arrow Flight SQL endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_FLIGHT_SQL_LISTEN)]
     pub flight_sql_listen: String,
-    /// Where the REST API (`/api/v1/jobs`, `/api/v1/workers`, cancel) listens: a loopback
-    /// address (the API has no login; port 0 picks a free one).
+    /// Where the REST API and the web UI listen (port 0 picks a free one): a loopback address,
+    /// unless the server has TLS and user accounts.
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_HTTP_LISTEN)]
     pub http_listen: String,
+    /// A host name the REST API answers to besides its address, `localhost` and the loopback
+    /// addresses (repeatable): requests whose Host is another name are refused (403).
+    #[arg(long = "http-allowed-host", value_name = "NAME")]
+    pub http_allowed_hosts: Vec<String>,
+    /// Serve `/metrics` without credentials (for a Prometheus scraper) on a server with --users.
+    #[arg(long)]
+    pub metrics_public: bool,
     /// Where the Postgres wire endpoint listens (port 0 picks a free one).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_PG_LISTEN)]
     pub pg_listen: String,
@@ -54,13 +62,22 @@ pub struct ServerArgs {
     /// password is checked.
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_failed_logins: u32,
-    /// User accounts, one `name:verifier` line each (`sluice hash-password` prints a verifier):
-    /// every client must log in. Without it anyone on this machine may connect.
+    /// User accounts, one `name:verifier [role]` line each (`sluice hash-password` prints a
+    /// verifier; the role is reader, writer or admin, reader if left out): every client must log
+    /// in. Without it anyone on this machine may connect, as an admin.
     #[arg(long, value_name = "FILE")]
     pub users: Option<std::path::PathBuf>,
-    /// Serve both front doors over TLS with this certificate chain (PEM; with
-    /// --serve-tls-key): Flight SQL as `grpc+tls://`, Postgres with `sslmode=require` only. With
-    /// TLS and --users the doors may listen on any address, not only loopback.
+    /// With --users: where readers and writers may read files by path or URL, besides the
+    /// registered tables (repeatable; config `read_roots`; default: --data's directory).
+    #[arg(long = "read-root", value_name = "PATH|URL")]
+    pub read_roots: Vec<String>,
+    /// With --users: where writers may write (COPY, INSERT into files; repeatable; config
+    /// `write_roots`; default: nowhere but the registered tables).
+    #[arg(long = "write-root", value_name = "PATH|URL")]
+    pub write_roots: Vec<String>,
+    /// Serve every door over TLS with this certificate chain (PEM; with --serve-tls-key):
+    /// Flight SQL as `grpc+tls://`, Postgres with `sslmode=require` only, REST as `https://`.
+    /// With TLS and --users the doors may listen on any address, not only loopback.
     #[arg(long, value_name = "FILE", requires = "serve_tls_key")]
     pub serve_tls_cert: Option<std::path::PathBuf>,
     /// The private key of --serve-tls-cert (PEM).
@@ -100,6 +117,26 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         eprintln!("sluice server: {line}");
     }
     let accounts = users.as_ref().map_or(0, Users::len);
+    let roots = roots_of(&args, &config)?;
+    match &users {
+        Some(users) => {
+            let readers = users.without_role();
+            if !readers.is_empty() {
+                eprintln!(
+                    "sluice server: users without a role are readers: {}",
+                    readers.join(", ")
+                );
+            }
+            eprintln!(
+                "sluice server: non-admins read under {} and write under {}",
+                listed(roots.read()),
+                listed(roots.write())
+            );
+        }
+        None => eprintln!(
+            "sluice server: no user accounts (--users): every client is an admin, on loopback only"
+        ),
+    }
     let limit = args
         .max_concurrent_jobs
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
@@ -107,6 +144,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         Sessions::with_users(SessionFactory::new(base), users)
             .await?
             .with_max_concurrent_jobs(limit)
+            .with_roots(roots)
             .with_login_limits(LoginLimits {
                 failures: usize::try_from(args.max_failed_logins).unwrap_or(usize::MAX),
                 ..LoginLimits::default()
@@ -120,7 +158,16 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
         },
     )
     .await?;
-    let rest = RestEndpoint::start(sessions.clone(), &args.http_listen).await?;
+    let rest = RestEndpoint::start(
+        sessions.clone(),
+        &RestOptions {
+            listen: args.http_listen.clone(),
+            allowed_hosts: args.http_allowed_hosts.clone(),
+            metrics_public: args.metrics_public,
+            tls: tls.clone(),
+        },
+    )
+    .await?;
     let endpoint = FlightSqlEndpoint::start(
         sessions,
         &FlightSqlOptions {
@@ -134,12 +181,12 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     } else {
         "no login".to_string()
     };
-    let (grpc, ssl) = match tls {
-        Some(_) => ("grpc+tls", ", TLS only"),
-        None => ("grpc", ""),
+    let (grpc, ssl, http) = match tls {
+        Some(_) => ("grpc+tls", ", TLS only", "https"),
+        None => ("grpc", "", "http"),
     };
     eprintln!(
-        "sluice server: REST API on http://{}/api/v1",
+        "sluice server: REST API on {http}://{}/api/v1",
         rest.address()
     );
     eprintln!(
@@ -163,6 +210,34 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
     }
     eprintln!("sluice server: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The read and write roots: the flags', else the configuration's; the read roots default to
+/// `--data`'s directory.
+fn roots_of(args: &ServerArgs, config: &SluiceConfig) -> Result<Roots> {
+    let pick = |flags: &[String], configured: &[String]| match flags.is_empty() {
+        true => configured.to_vec(),
+        false => flags.to_vec(),
+    };
+    let mut read = pick(&args.read_roots, &config.read_roots.value);
+    if read.is_empty()
+        && let Some(data) = &args.tables.data
+    {
+        read.push(data.to_string_lossy().into_owned());
+    }
+    let write = pick(&args.write_roots, &config.write_roots.value);
+    Roots::parse(&read, &write)
+}
+
+fn listed(roots: &[Location]) -> String {
+    if roots.is_empty() {
+        return "no root".to_string();
+    }
+    roots
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// SIGTERM (registered when made) or Ctrl-C.

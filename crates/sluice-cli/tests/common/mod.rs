@@ -173,7 +173,10 @@ impl Server {
                     .to_string();
                 let http = seen
                     .iter()
-                    .find_map(|l| l.strip_prefix("sluice server: REST API on http://"))
+                    .find_map(|l| {
+                        l.strip_prefix("sluice server: REST API on http://")
+                            .or_else(|| l.strip_prefix("sluice server: REST API on https://"))
+                    })
                     .and_then(|rest| rest.split('/').next())
                     .unwrap_or_else(|| panic!("no REST line from the server: {seen:?}"))
                     .to_string();

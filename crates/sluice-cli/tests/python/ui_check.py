@@ -1,9 +1,11 @@
 """The web UI in a real browser (Debian's chromium driven by Playwright), against a `sluice server`
-with two workers (tests/clients.rs starts it): the job list shows TPC-H q5 appear and finish, its
+with two workers and user accounts (tests/clients.rs starts it): the UI asks for a login and keeps
+its session in a cookie the page cannot read, the job list shows TPC-H q5 appear and finish, its
 page draws every stage of its job graph and every task attempt on the timeline, and the cancel
 button stops a long query, whose client then sees it cancelled. Screenshots of the job list and the
 job page go to SLUICE_SCREENSHOTS. Exits non-zero with the failed check's message."""
 
+import base64
 import json
 import os
 import threading
@@ -17,6 +19,9 @@ FLIGHT_SQL = os.environ["SLUICE_FLIGHT_SQL"]
 QUERIES = os.environ["SLUICE_TPCH_QUERIES"]
 SHOTS = os.environ["SLUICE_SCREENSHOTS"]
 CHROMIUM = os.environ.get("SLUICE_CHROMIUM", "/usr/bin/chromium")
+USER = os.environ["SLUICE_UI_USER"]
+PASSWORD = os.environ["SLUICE_UI_PASSWORD"]
+BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 LONG_QUERY = "select count(distinct value % 1000003) from generate_series(1, 5000000000)"
 # This machine has no network beyond loopback: keep chromium from reaching for it.
 CHROMIUM_ARGS = [
@@ -26,12 +31,14 @@ CHROMIUM_ARGS = [
 
 
 def api(path):
-    with urllib.request.urlopen(f"http://{HTTP}{path}", timeout=10) as response:
+    request = urllib.request.Request(f"http://{HTTP}{path}", headers={"Authorization": BASIC})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
 
 
 def run(sql):
-    with flight_sql.connect(FLIGHT_SQL) as conn, conn.cursor() as cur:
+    credentials = {"username": USER, "password": PASSWORD}
+    with flight_sql.connect(FLIGHT_SQL, db_kwargs=credentials) as conn, conn.cursor() as cur:
         cur.execute(sql)
         return cur.fetchall()
 
@@ -44,7 +51,18 @@ def main():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"http://{HTTP}/")
+        # The server has accounts: the UI shows its login form, then the jobs.
+        expect(page.locator("form#login")).to_be_visible()
+        page.fill('input[name="user"]', USER)
+        page.fill('input[name="password"]', "wrong")
+        page.click('form#login button[type="submit"]')
+        expect(page.locator("#login-error")).to_have_text(f"wrong user name or password for '{USER}'")
+        page.fill('input[name="password"]', PASSWORD)
+        page.click('form#login button[type="submit"]')
         expect(page.locator("#jobs")).to_be_visible()
+        cookies = {c["name"]: c for c in page.context.cookies()}
+        assert cookies["sluice_token"]["httpOnly"] and cookies["sluice_token"]["sameSite"] == "Strict", cookies
+        assert page.evaluate("document.cookie") == "", "the page can read the session cookie"
         before = {job["id"] for job in api("/api/v1/jobs")}
 
         # q5 appears in the list and finishes there.

@@ -325,6 +325,19 @@ impl QueryParser for PgParser {
                 .map_err(pg_datafusion_error)?;
             return Ok(Some((sql.to_string(), Some((statement, plan)))));
         }
+        if let Ok(mut statements) = self.sql.parse(sql)
+            && statements.len() == 1
+            && copies_to(&statements[0])
+        {
+            // DataFusion's COPY ... TO, planned by DataFusion's own parser.
+            let plan = self
+                .context
+                .state()
+                .create_logical_plan(sql)
+                .await
+                .map_err(pg_datafusion_error)?;
+            return Ok(Some((sql.to_string(), Some((statements.remove(0), plan)))));
+        }
         self.inner.parse_sql(client, sql, types).await
     }
 
@@ -352,9 +365,16 @@ fn inserted(batches: &[RecordBatch]) -> usize {
         .sum()
 }
 
+/// Whether `statement` is a `COPY ... TO`: DataFusion's statement (to a file), which Sluice's
+/// own parser plans.
+fn copies_to(statement: &Statement) -> bool {
+    matches!(statement, Statement::Copy { to: true, .. })
+}
+
 /// The command tag Postgres gives a statement that returns no rows.
 fn command_tag(statement: &Statement) -> String {
     match statement {
+        Statement::Copy { .. } => "COPY".to_string(),
         Statement::Insert(_) => "INSERT".to_string(),
         Statement::CreateTable(_) => "CREATE TABLE".to_string(),
         Statement::CreateView { .. } => "CREATE VIEW".to_string(),
@@ -377,9 +397,10 @@ impl SimpleQueryHandler for PgConnection {
         admit(client, self.requires_login)?;
         let cancel = self.cancel_signal(client);
         let statements = match self.sql.parse(query) {
-            Ok(statements) => statements,
-            // Not Postgres SQL: Sluice's own statements, with local mode's errors.
-            Err(_) => {
+            Ok(statements) if !statements.iter().any(copies_to) => statements,
+            // Not Postgres SQL (or DataFusion's COPY ... TO, which Postgres's parser reads as its
+            // own COPY): Sluice's own statements, with local mode's errors.
+            _ => {
                 let statements = self.session.parse_sql(query).map_err(|e| pg_error(&e))?;
                 let last = statements.len().saturating_sub(1);
                 let mut responses = Vec::with_capacity(statements.len());

@@ -9,7 +9,7 @@ use pgwire::api::{ClientInfo, ErrorHandler};
 use pgwire::error::{ErrorInfo, PgWireError};
 use sluice_engine::SluiceError;
 
-use crate::status::{Failure, message_of};
+use crate::status::{Failure, datafusion_message, message_of};
 
 /// SQLSTATE of a statement cancelled by its client.
 pub const QUERY_CANCELED: &str = "57014";
@@ -65,7 +65,7 @@ fn classify(error: &PgWireError) -> Option<PgWireError> {
     if let Some(error) = inner.downcast_ref::<DataFusionError>() {
         return Some(user_error(
             Failure::of_datafusion(error),
-            error.strip_backtrace(),
+            datafusion_message(error),
         ));
     }
     if let Some(error) = inner.downcast_ref::<ParserError>() {

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::scram::{ScramError, ServerFirst, server_nonce};
 use crate::sessions::Sessions;
+use sluice_engine::access::AccessSlot;
 
 /// What every connection's login shares: the cancel registry and the process-id generator.
 #[derive(Debug, Default)]
@@ -74,14 +75,21 @@ pub struct ScramLogin {
     registry: Arc<Registry>,
     /// The server's sessions, whose accounts the login checks.
     sessions: Arc<Sessions>,
+    /// The connection's session's access, granted the user's once the login succeeds.
+    access: AccessSlot,
     step: Mutex<Step>,
 }
 
 impl ScramLogin {
-    pub(crate) fn new(registry: Arc<Registry>, sessions: Arc<Sessions>) -> Self {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        sessions: Arc<Sessions>,
+        access: AccessSlot,
+    ) -> Self {
         Self {
             registry,
             sessions,
+            access,
             step: Mutex::new(Step::Started),
         }
     }
@@ -191,6 +199,7 @@ impl StartupHandler for ScramLogin {
                             }
                         };
                         logins.succeeded(&user);
+                        self.access.set(self.sessions.access_of(&user));
                         client
                             .send(PgWireBackendMessage::Authentication(
                                 Authentication::SASLFinal(server_final.into()),

@@ -192,6 +192,7 @@ impl Acceptor {
             Login::Scram(ScramLogin::new(
                 self.registry.clone(),
                 self.sessions.clone(),
+                session.access_slot(),
             ))
         } else {
             Login::Open(OpenLogin {

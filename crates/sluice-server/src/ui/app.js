@@ -13,11 +13,38 @@ function esc(value) {
     ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
+// Thrown when the server wants a login: the page shows the login form instead.
+class LoginNeeded extends Error {}
+
 async function get(path) {
   const response = await fetch(path);
   const body = await response.json();
+  if (response.status === 401) throw new LoginNeeded(body.error);
   if (!response.ok) throw new Error(body.error || `${path}: ${response.status}`);
   return body;
+}
+
+// The login form of a server with user accounts: the server answers with an HttpOnly cookie
+// that later requests carry, so this page never holds the token.
+function showLogin(message) {
+  clearInterval(timer);
+  main.innerHTML = `<h1>Log in</h1>
+    <form id="login"><p class="note">${esc(message)}</p>
+      <label>User <input name="user" autocomplete="username" required></label>
+      <label>Password <input name="password" type="password" autocomplete="current-password" required></label>
+      <button type="submit">Log in</button><p class="error" id="login-error"></p></form>`;
+  document.getElementById("login").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const form = new FormData(event.target);
+    const response = await fetch("/api/v1/login", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ user: form.get("user"), password: form.get("password") }),
+    });
+    const body = await response.json();
+    if (response.ok) route();
+    else document.getElementById("login-error").textContent = body.error;
+  });
 }
 
 function ms(value) {
@@ -41,7 +68,8 @@ function every(refresh) {
       status.textContent = `updated ${new Date().toLocaleTimeString()}`;
       if (!again) clearInterval(timer);
     } catch (error) {
-      status.textContent = `error: ${error.message}`;
+      if (error instanceof LoginNeeded) showLogin(error.message);
+      else status.textContent = `error: ${error.message}`;
     }
   };
   tick();
