@@ -50,7 +50,8 @@ struct Cli {
 struct GlobalArgs {
     /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
     /// joins, driver_listen, min_workers, capacity_wait, max_task_attempts, read_roots,
-    /// write_roots, [session]; see `sluice config`).
+    /// write_roots, result_buffer, max_parameter_bytes, max_prepared_statements,
+    /// prepared_statement_idle, max_sessions_per_user, [session]; see `sluice config`).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
@@ -183,6 +184,12 @@ impl GlobalArgs {
             // `sluice server --read-root/--write-root` take these over the configuration's.
             read_roots: None,
             write_roots: None,
+            // Server limits: the configuration file and the environment only.
+            result_buffer: None,
+            max_parameter_bytes: None,
+            max_prepared_statements: None,
+            prepared_statement_idle: None,
+            max_sessions_per_user: None,
             session,
         };
         config.apply(flags, "command line")?;

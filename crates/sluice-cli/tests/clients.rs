@@ -244,6 +244,29 @@ fn verifier_of(password: &str) -> String {
 }
 
 #[test]
+fn large_unread_results_keep_the_servers_memory_within_four_result_buffers() {
+    let python = python();
+    let server = Server::start_in(&["--mode", "local"], &[], None, None);
+    let output = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(Path::new(PYTHON_DIR).join("test_limits.py"))
+        .env("SLUICE_LIMITS_FLIGHT_SQL", &server.url)
+        .env("SLUICE_LIMITS_PG", &server.pg)
+        .env("SLUICE_LIMITS_PID", server.pid().to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pytest failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("1 passed"), "{stdout}");
+    server.stop();
+}
+
+#[test]
 fn roles_decide_what_each_user_reads_and_writes_through_both_doors() {
     let python = python();
     let dir = tempfile::tempdir().unwrap();
@@ -256,9 +279,9 @@ fn roles_decide_what_each_user_reads_and_writes_through_both_doors() {
     let users = users_file_with(
         dir.path(),
         &[
-            ("rita", "pw", ""),
-            ("wes", "pw", "writer"),
-            ("ada", "pw", "admin"),
+            ("rita", "s3cret-roles", ""),
+            ("wes", "s3cret-roles", "writer"),
+            ("ada", "s3cret-roles", "admin"),
         ],
     );
     let out = dir.path().join("out");
@@ -883,7 +906,7 @@ fn the_web_ui_shows_q5s_stages_and_tasks_and_its_cancel_button_stops_a_long_quer
         "{chromium}: Debian's chromium is needed for the web UI test (.ci/run installs it)"
     );
     let dir = tempfile::tempdir().unwrap();
-    let users = users_file_with(dir.path(), &[("ada", "pw", "admin")]);
+    let users = users_file_with(dir.path(), &[("ada", "pw-of-ada", "admin")]);
     let server = Server::start_in(
         &["--workers", "2"],
         &["--users", users.to_str().unwrap()],
@@ -902,7 +925,7 @@ fn the_web_ui_shows_q5s_stages_and_tasks_and_its_cancel_button_stops_a_long_quer
         .env("SLUICE_SCREENSHOTS", &shots)
         .env("SLUICE_CHROMIUM", &chromium)
         .env("SLUICE_UI_USER", "ada")
-        .env("SLUICE_UI_PASSWORD", "pw")
+        .env("SLUICE_UI_PASSWORD", "pw-of-ada")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -9,6 +9,7 @@
 //!                                                      INSERT/COPY to locations under a
 //!                                                      write root
 //!  admin    anything                                   anything                            DDL, SET datafusion.runtime.*
+//!                                                                                          and datafusion.catalog.*
 //! ```
 //!
 //! Two gates enforce it:
@@ -395,10 +396,10 @@ impl Access {
     }
 
     fn check_setting(&self, variable: &str) -> Result<()> {
-        if variable
-            .to_ascii_lowercase()
-            .starts_with("datafusion.runtime.")
-        {
+        let lower = variable.to_ascii_lowercase();
+        // The runtime's settings make a new memory pool or spill directory; the catalog's change
+        // which schema an unqualified name resolves in (and so what "a registered table" is).
+        if lower.starts_with("datafusion.runtime.") || lower.starts_with("datafusion.catalog.") {
             return Err(self.denied(format!(
                 "'{variable}' is a server-wide setting: it needs the admin role"
             )));

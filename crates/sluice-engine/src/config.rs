@@ -334,6 +334,40 @@ settings! {
     write_roots: Vec<String> = Vec::new(),
         env "SLUICE_WRITE_ROOTS", parse parse_list, show |roots| toml_list(roots),
         help "server: where writers may write, comma-separated paths or URLs";
+    /// `sluice server`: the most a statement's result may hold in the server's memory where it
+    /// is buffered (a statement followed by others in one Postgres query string).
+    result_buffer: ByteSize = ByteSize(64 << 20),
+        env "SLUICE_RESULT_BUFFER", parse parse_named, show |b| quoted(b),
+        help "server: the most one statement's buffered result may hold, e.g. 64M";
+    /// `sluice server`: the most a Flight SQL client's bound parameters may hold.
+    max_parameter_bytes: ByteSize = ByteSize(1 << 20),
+        env "SLUICE_MAX_PARAMETER_BYTES", parse parse_named, show |b| quoted(b),
+        help "server: the most one binding of a prepared statement's parameters may hold";
+    /// `sluice server`: open prepared statements per Flight SQL session.
+    max_prepared_statements: usize = 100,
+        env "SLUICE_MAX_PREPARED_STATEMENTS", parse |t| parse_at_least_one(t, "max_prepared_statements"),
+        show |n| Some(n.to_string()),
+        help "server: open prepared statements per Flight SQL session";
+    /// `sluice server`: how long a prepared statement may go unused before it is closed.
+    prepared_statement_idle: Duration = Duration::from_secs(600),
+        env "SLUICE_PREPARED_STATEMENT_IDLE", parse parse_duration,
+        show |d| quoted(format_duration(*d)),
+        help "server: how long a prepared statement may go unused before it is closed, e.g. 10m";
+    /// `sluice server`: Flight SQL sessions one user may hold open at once.
+    max_sessions_per_user: usize = 16,
+        env "SLUICE_MAX_SESSIONS_PER_USER", parse |t| parse_at_least_one(t, "max_sessions_per_user"),
+        show |n| Some(n.to_string()),
+        help "server: Flight SQL sessions one user may hold open at once";
+}
+
+/// A whole number of at least 1 for setting `key`.
+fn parse_at_least_one(text: &str, key: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{key} must be a whole number of at least 1, not '{text}'"
+        )),
+    }
 }
 
 /// Comma-separated items, trimmed, empty ones left out.
@@ -907,7 +941,9 @@ mod tests {
              flight_compression = \"zstd\"\nexchange = \"blocking\"\njoins = \"hash\"\n\
              driver_listen = \"0.0.0.0:7070\"\nmin_workers = 2\ncapacity_wait = \"1500ms\"\n\
              max_task_attempts = 2\nread_roots = [\"/data\", \"s3://lake/sf1/\"]\n\
-             write_roots = \"/out\"\n",
+             write_roots = \"/out\"\nresult_buffer = \"32M\"\nmax_parameter_bytes = \"2K\"\n\
+             max_prepared_statements = 7\nprepared_statement_idle = \"1s\"\n\
+             max_sessions_per_user = 3\n",
             "t.toml",
         )
         .unwrap();
@@ -995,7 +1031,8 @@ mod tests {
             error.to_string(),
             "config x.toml: unknown key `modee` (known: mode, memory_limit, workers, \
              flight_compression, exchange, joins, driver_listen, min_workers, capacity_wait, \
-             max_task_attempts, read_roots, write_roots, [session])"
+             max_task_attempts, read_roots, write_roots, result_buffer, max_parameter_bytes, \
+             max_prepared_statements, prepared_statement_idle, max_sessions_per_user, [session])"
         );
     }
 

@@ -161,7 +161,7 @@ impl SluiceSession {
             physical_optimizer_rules(config.sort_merge_joins()),
             access.clone(),
         );
-        register_system_tables(&ctx, Arc::clone(&runner))?;
+        register_system_tables(&ctx, Arc::clone(&runner), access.clone())?;
         Ok(Self {
             ctx,
             runner,
@@ -180,7 +180,7 @@ impl SluiceSession {
     /// Replaces the runner (for a runner with non-default options, such as a local cluster with a
     /// fault hook in tests); the session's settings stay those of its configured mode.
     pub fn set_runner(&mut self, runner: Arc<dyn JobRunner>) -> Result<()> {
-        register_system_tables(&self.ctx, Arc::clone(&runner))?;
+        register_system_tables(&self.ctx, Arc::clone(&runner), self.access.clone())?;
         self.runner = runner;
         Ok(())
     }
@@ -504,7 +504,7 @@ impl SluiceSession {
             let provider = self.ctx.table_provider(name.as_str()).await?;
             ctx.register_table(name.as_str(), provider)?;
         }
-        register_system_tables(&ctx, Arc::clone(&self.runner))?;
+        register_system_tables(&ctx, Arc::clone(&self.runner), access.clone())?;
         Ok(Self {
             ctx,
             runner: self.runner.clone(),

@@ -14,6 +14,9 @@
 //!                  its limit (NULL: unlimited)
 //! ```
 //!
+//! A session whose user is not an admin ([`crate::access`]) sees only the jobs (and their stages
+//! and tasks) submitted under its user's name.
+//!
 //! Each scan reads the session's runner at planning time (one snapshot per scan) and plans a memory
 //! scan of it. Modes without a driver (`local`), and a cluster before its first query, have empty
 //! tables. Numbers are `BIGINT`, times milliseconds since the Unix epoch, as the REST API shows them.
@@ -35,6 +38,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use sluice_runtime::analyze::{TASK_METRICS, TaskMetrics};
 use sluice_runtime::{JobRecord, JobRunner, stage_summaries};
+
+use crate::access::{AccessSlot, Role};
 
 /// The schema's name.
 pub const SYSTEM_SCHEMA: &str = "sluice";
@@ -62,18 +67,24 @@ impl SystemTable {
 }
 
 /// Registers (or replaces) the `sluice` schema of `ctx`'s default catalog over `runner`.
-pub fn register_system_tables(ctx: &SessionContext, runner: Arc<dyn JobRunner>) -> Result<()> {
+pub fn register_system_tables(
+    ctx: &SessionContext,
+    runner: Arc<dyn JobRunner>,
+    access: AccessSlot,
+) -> Result<()> {
     let catalog_name = ctx.state().config_options().catalog.default_catalog.clone();
     let catalog = ctx.catalog(&catalog_name).ok_or_else(|| {
         DataFusionError::Plan(format!("the default catalog {catalog_name} does not exist"))
     })?;
-    catalog.register_schema(SYSTEM_SCHEMA, Arc::new(SystemSchema { runner }))?;
+    catalog.register_schema(SYSTEM_SCHEMA, Arc::new(SystemSchema { runner, access }))?;
     Ok(())
 }
 
 #[derive(Debug)]
 struct SystemSchema {
     runner: Arc<dyn JobRunner>,
+    /// The session's access: a user who is not an admin sees only their own jobs.
+    access: AccessSlot,
 }
 
 #[async_trait]
@@ -93,6 +104,7 @@ impl SchemaProvider for SystemSchema {
                 Arc::new(SystemTableProvider {
                     table,
                     runner: Arc::clone(&self.runner),
+                    access: self.access.clone(),
                 }) as Arc<dyn TableProvider>
             }))
     }
@@ -106,14 +118,24 @@ impl SchemaProvider for SystemSchema {
 struct SystemTableProvider {
     table: SystemTable,
     runner: Arc<dyn JobRunner>,
+    access: AccessSlot,
 }
 
 impl SystemTableProvider {
     async fn rows(&self) -> Result<RecordBatch> {
-        let jobs = match self.runner.driver() {
+        let mut jobs = match self.runner.driver() {
             Some(driver) if self.table != SystemTable::Workers => driver.jobs().await?,
             _ => Vec::new(),
         };
+        if let Some(access) = self.access.get()
+            && access.role() != Role::Admin
+        {
+            jobs.retain(|job| {
+                job.label
+                    .as_deref()
+                    .is_some_and(|label| label.user == access.user())
+            });
+        }
         match self.table {
             SystemTable::Jobs => jobs_batch(&jobs),
             SystemTable::Stages => stages_batch(&jobs),

@@ -22,6 +22,7 @@
 pub mod admission;
 pub mod cancellable;
 pub mod client;
+pub mod limits;
 pub mod login_limit;
 pub mod metadata;
 pub mod poll;

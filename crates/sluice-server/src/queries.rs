@@ -8,6 +8,9 @@
 //! - A handle is used by the session that made it, and a planned statement is run at most once.
 //! - Planned statements nobody fetched are dropped after [`PENDING_TTL`] (checked whenever one is
 //!   filed), so abandoned `GetFlightInfo` calls do not pile up.
+//! - A session holds at most [`PreparedLimits::per_session`] prepared statements; one unused for
+//!   [`PreparedLimits::idle`] is closed ([`Queries::expire_prepared`], which the endpoint runs
+//!   periodically, and before each new one is opened).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,6 +120,26 @@ pub struct Prepared {
 struct PreparedEntry {
     owner: SessionKey,
     prepared: Prepared,
+    last_used: Instant,
+}
+
+/// How many prepared statements a session may hold, and for how long unused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreparedLimits {
+    /// Open prepared statements per session.
+    pub per_session: usize,
+    /// How long one may go unused before it is closed.
+    pub idle: Duration,
+}
+
+impl Default for PreparedLimits {
+    fn default() -> Self {
+        let limits = crate::limits::ServerLimits::default();
+        Self {
+            per_session: limits.prepared_per_session,
+            idle: limits.prepared_idle,
+        }
+    }
 }
 
 /// Planned statements waiting for their `DoGet`, and open prepared statements.
@@ -125,6 +148,7 @@ pub struct Queries {
     next: AtomicU64,
     pending: Mutex<HashMap<QueryHandle, Pending>>,
     prepared: Mutex<HashMap<QueryHandle, PreparedEntry>>,
+    prepared_limits: PreparedLimits,
     running: Arc<Mutex<HashMap<QueryHandle, RunningEntry>>>,
     finished: Arc<Mutex<Finished>>,
 }
@@ -381,10 +405,38 @@ impl Queries {
         lock(&self.pending).len()
     }
 
-    /// Opens a prepared statement.
-    pub fn prepare(&self, owner: SessionKey, sql: String) -> QueryHandle {
+    /// Queries whose sessions hold prepared statements within `limits`.
+    pub fn with_prepared_limits(limits: PreparedLimits) -> Self {
+        Self {
+            prepared_limits: limits,
+            ..Self::default()
+        }
+    }
+
+    /// The prepared statements' limits.
+    pub fn prepared_limits(&self) -> PreparedLimits {
+        self.prepared_limits
+    }
+
+    /// Opens a prepared statement; a session that holds its limit of them gets
+    /// `ResourceExhausted`.
+    pub fn prepare(&self, owner: SessionKey, sql: String) -> Result<QueryHandle, Status> {
+        self.expire_prepared();
+        let mut prepared = lock(&self.prepared);
+        let held = prepared
+            .values()
+            .filter(|entry| entry.owner == owner)
+            .count();
+        let limits = self.prepared_limits;
+        if held >= limits.per_session {
+            return Err(Status::resource_exhausted(format!(
+                "this session holds {held} prepared statements, the most one may \
+                 (max_prepared_statements): close one (one unused for {} s is closed)",
+                limits.idle.as_secs()
+            )));
+        }
         let handle = self.next_handle();
-        lock(&self.prepared).insert(
+        prepared.insert(
             handle,
             PreparedEntry {
                 owner,
@@ -392,16 +444,39 @@ impl Queries {
                     sql,
                     parameters: Vec::new(),
                 },
+                last_used: Instant::now(),
             },
         );
-        handle
+        Ok(handle)
+    }
+
+    /// Closes every prepared statement unused for the idle limit; how many it closed.
+    pub fn expire_prepared(&self) -> usize {
+        let idle = self.prepared_limits.idle;
+        let mut prepared = lock(&self.prepared);
+        let before = prepared.len();
+        prepared.retain(|_, entry| entry.last_used.elapsed() < idle);
+        before - prepared.len()
+    }
+
+    /// Prepared statements open now.
+    pub fn prepared_count(&self) -> usize {
+        lock(&self.prepared).len()
     }
 
     /// The prepared statement `handle` of `owner`.
     pub fn prepared(&self, handle: QueryHandle, owner: &SessionKey) -> Result<Prepared, Status> {
-        let prepared = lock(&self.prepared);
-        let entry = owned(prepared.get(&handle), handle, owner)?;
-        Ok(entry.prepared.clone())
+        let mut prepared = lock(&self.prepared);
+        owned(prepared.get(&handle), handle, owner)?;
+        match prepared.get_mut(&handle) {
+            Some(entry) => {
+                entry.last_used = Instant::now();
+                Ok(entry.prepared.clone())
+            }
+            None => Err(Status::not_found(format!(
+                "prepared {handle} is unknown or closed"
+            ))),
+        }
     }
 
     /// Binds `parameters` to prepared statement `handle`.
@@ -415,6 +490,7 @@ impl Queries {
         owned(prepared.get(&handle), handle, owner)?;
         if let Some(entry) = prepared.get_mut(&handle) {
             entry.prepared.parameters = parameters;
+            entry.last_used = Instant::now();
         }
         Ok(())
     }
@@ -605,7 +681,7 @@ mod tests {
         drop(running);
         assert_eq!(phase(handle, &owner), "finished");
         assert_eq!(phase(handle, &stranger), "PermissionDenied");
-        let never = queries.prepare(owner.clone(), "select 2".into());
+        let never = queries.prepare(owner.clone(), "select 2".into()).unwrap();
         assert_eq!(phase(never, &owner), "NotFound");
     }
 
@@ -613,7 +689,7 @@ mod tests {
     fn prepared_statements_keep_their_parameters_until_closed() {
         let queries = Queries::default();
         let owner = SessionKey::Anonymous;
-        let handle = queries.prepare(owner.clone(), "select $1".into());
+        let handle = queries.prepare(owner.clone(), "select $1".into()).unwrap();
         queries
             .bind(handle, &owner, vec![ScalarValue::Int64(Some(7))])
             .unwrap();
@@ -635,5 +711,38 @@ mod tests {
             QueryHandle::from_bytes(b"nonsense").unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn a_session_holds_its_limit_of_prepared_statements_and_unused_ones_expire() {
+        let queries = Queries::with_prepared_limits(PreparedLimits {
+            per_session: 3,
+            idle: Duration::from_secs(1),
+        });
+        let (ann, bob) = (
+            SessionKey::Opened(crate::sessions::SessionId(1)),
+            SessionKey::Opened(crate::sessions::SessionId(2)),
+        );
+        let kept = queries.prepare(ann.clone(), "select 1".into()).unwrap();
+        for _ in 0..2 {
+            queries.prepare(ann.clone(), "select 1".into()).unwrap();
+        }
+        let refused = queries.prepare(ann.clone(), "select 1".into()).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            refused.message(),
+            "this session holds 3 prepared statements, the most one may \
+             (max_prepared_statements): close one (one unused for 1 s is closed)"
+        );
+        // Another session has its own allowance.
+        queries.prepare(bob.clone(), "select 1".into()).unwrap();
+        assert_eq!(queries.prepared_count(), 4);
+        std::thread::sleep(Duration::from_millis(600));
+        // Using one keeps it open.
+        queries.prepared(kept, &ann).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(queries.expire_prepared(), 3);
+        assert_eq!(queries.prepared_count(), 1);
+        queries.prepared(kept, &ann).unwrap();
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-use crate::queries::Queries;
+use crate::queries::{PreparedLimits, Queries};
 use crate::service::SluiceFlightSql;
 use crate::sessions::Sessions;
 use crate::tls::FrontDoorTls;
@@ -92,6 +92,8 @@ pub struct FlightSqlEndpoint {
     stop: Option<oneshot::Sender<()>>,
     /// The serving task; dropping it (with the endpoint) aborts the server.
     serving: Option<SpawnedTask<std::result::Result<(), tonic::transport::Error>>>,
+    /// Closes idle prepared statements; ends with the endpoint.
+    _sweeper: SpawnedTask<()>,
 }
 
 impl FlightSqlEndpoint {
@@ -112,7 +114,22 @@ impl FlightSqlEndpoint {
                 SluiceError::invalid(format!("TLS with {}: {e}", tls.cert.display()))
             })?;
         }
-        let queries = Arc::new(Queries::default());
+        let limits = sessions.limits();
+        let queries = Arc::new(Queries::with_prepared_limits(PreparedLimits {
+            per_session: limits.prepared_per_session,
+            idle: limits.prepared_idle,
+        }));
+        // Prepared statements nobody uses are closed even when no client opens another.
+        let sweeper = {
+            let queries = Arc::clone(&queries);
+            let every = (limits.prepared_idle / 4).max(std::time::Duration::from_millis(50));
+            SpawnedTask::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    queries.expire_prepared();
+                }
+            })
+        };
         let service = SluiceFlightSql::new(sessions.clone(), queries.clone())
             .map_err(|status| SluiceError::invalid(status.message().to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
@@ -134,12 +151,18 @@ impl FlightSqlEndpoint {
             sessions,
             stop: Some(stop),
             serving: Some(serving),
+            _sweeper: sweeper,
         })
     }
 
     /// The address it listens on.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// Prepared statements open now.
+    pub fn prepared_statements(&self) -> usize {
+        self.queries.prepared_count()
     }
 
     /// Statements planned and not fetched yet.

@@ -51,7 +51,7 @@ use crate::cancellable::UntilCancelled;
 use crate::metadata;
 use crate::poll::statement_ticket;
 use crate::queries::{Queries, QueryHandle, Taken};
-use crate::sessions::Sessions;
+use crate::sessions::{SessionKey, Sessions};
 use crate::status::{status_of, status_of_datafusion};
 use sluice_runtime::JobLabel;
 
@@ -67,6 +67,8 @@ pub const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
 pub struct SluiceFlightSql {
     sessions: Arc<Sessions>,
     queries: Arc<Queries>,
+    /// Statement updates run so far (their job tags' numbers).
+    updates: std::sync::atomic::AtomicU64,
     sql_info: SqlInfoData,
     xdbc_info: XdbcTypeInfoData,
 }
@@ -86,6 +88,7 @@ impl SluiceFlightSql {
         Ok(Self {
             sessions,
             queries,
+            updates: std::sync::atomic::AtomicU64::new(0),
             sql_info: metadata::sql_info()?,
             xdbc_info: metadata::xdbc_type_info()?,
         })
@@ -214,6 +217,37 @@ pub(crate) fn statement_tag(handle: QueryHandle) -> String {
     format!("flight-sql {handle}")
 }
 
+impl SluiceFlightSql {
+    /// The job label of a statement update (`DoPut`) of `key`'s session.
+    fn update_label(&self, key: &SessionKey, sql: String) -> JobLabel {
+        JobLabel {
+            tag: format!(
+                "flight-sql update {}",
+                self.updates.fetch_add(1, Ordering::Relaxed) + 1
+            ),
+            sql,
+            user: self.sessions.user_name(key),
+        }
+    }
+
+    /// Runs a statement update as every statement runs: through admission (waiting for a slot
+    /// like a `DoGet`), labelled, its result streamed and counted ([`affected_rows`]).
+    async fn run_update(
+        &self,
+        session: Arc<SluiceSession>,
+        planned: PlannedStatement,
+        label: JobLabel,
+    ) -> Result<i64, Status> {
+        let schema = planned.schema();
+        let stream = self.sessions.admission().run(schema, move || {
+            session
+                .run_labelled(planned, label)
+                .map_err(into_datafusion)
+        });
+        affected_rows(stream).await
+    }
+}
+
 /// The single statement `sql` holds (Flight SQL runs one statement per request).
 fn one_statement(session: &SluiceSession, sql: &str) -> Result<SluiceStatement, SluiceError> {
     let mut statements = session.parse_sql(sql)?;
@@ -264,38 +298,62 @@ fn metadata_info(
 }
 
 /// Rows a DDL/DML statement affected: DataFusion's `count` column for `INSERT`, else 0.
-async fn affected_rows(stream: SendableRecordBatchStream) -> Result<i64, Status> {
-    let output = sluice_engine::session::collect_stream(stream)
-        .await
-        .map_err(|e| status_of(&e))?;
-    let counted = output.schema.fields().len() == 1
-        && output.schema.field(0).name() == "count"
-        && output.schema.field(0).data_type() == &DataType::UInt64;
-    if !counted {
-        return Ok(0);
-    }
-    let mut total = 0i64;
-    for batch in &output.batches {
-        if let Some(counts) = batch
+/// What a statement update reports: the rows a write's `count` column says it wrote, else the
+/// rows its result had (as Postgres counts a `SELECT`). The stream is read to its end one batch at
+/// a time, never collected, so a large result costs no memory here.
+async fn affected_rows(mut stream: SendableRecordBatchStream) -> Result<i64, Status> {
+    use futures::StreamExt;
+    let schema = stream.schema();
+    let counted = schema.fields().len() == 1
+        && schema.field(0).name() == "count"
+        && schema.field(0).data_type() == &DataType::UInt64;
+    let mut total: u64 = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| status_of(&SluiceError::from(e)))?;
+        let rows = match batch
             .column(0)
             .as_any()
             .downcast_ref::<arrow::array::UInt64Array>()
         {
-            total += counts.iter().flatten().map(|n| n as i64).sum::<i64>();
-        }
+            Some(counts) if counted => counts.iter().flatten().sum(),
+            _ => batch.num_rows() as u64,
+        };
+        total = total.saturating_add(rows);
     }
-    Ok(total)
+    Ok(i64::try_from(total).unwrap_or(i64::MAX))
 }
 
 /// The one row of parameter values a client bound, column by column.
+/// At most `limit` bytes of Flight data are read: a client that sends more gets one error, and
+/// the rest of its stream is not read.
 async fn bound_parameters(
     request: Request<PeekableFlightDataStream>,
+    limit: usize,
 ) -> Result<Vec<ScalarValue>, Status> {
-    let data = request.into_inner().map_err(FlightError::from);
+    let mut received = 0usize;
+    let data = request
+        .into_inner()
+        .map_err(FlightError::from)
+        .and_then(move |data| {
+            received = received
+                .saturating_add(data.data_header.len())
+                .saturating_add(data.data_body.len());
+            futures::future::ready(if received > limit {
+                Err(FlightError::ProtocolError(format!(
+                    "the bound parameters are larger than max_parameter_bytes ({})",
+                    crate::limits::human_bytes(limit)
+                )))
+            } else {
+                Ok(data)
+            })
+        });
     let batches: Vec<RecordBatch> = FlightRecordBatchStream::new_from_flight_data(data)
         .try_collect()
         .await
-        .map_err(|e| Status::invalid_argument(format!("reading the bound parameters: {e}")))?;
+        .map_err(|e| match e {
+            FlightError::ProtocolError(message) => Status::resource_exhausted(message),
+            other => Status::invalid_argument(format!("reading the bound parameters: {other}")),
+        })?;
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let Some(batch) = batches.iter().find(|batch| batch.num_rows() > 0) else {
         return Ok(Vec::new());
@@ -457,13 +515,11 @@ impl FlightSqlService for SluiceFlightSql {
         command: CommandStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        let (_, session) = self.sessions.of_request(&request)?;
+        let (key, session) = self.sessions.of_request(&request)?;
         let statement = one_statement(&session, &command.query).map_err(|e| status_of(&e))?;
-        let stream = session
-            .execute_statement(statement)
-            .await
-            .map_err(|e| status_of(&e))?;
-        affected_rows(stream).await
+        let planned = session.plan(statement).await.map_err(|e| status_of(&e))?;
+        let label = self.update_label(&key, command.query);
+        self.run_update(session, planned, label).await
     }
 
     async fn do_action_create_prepared_statement(
@@ -476,7 +532,7 @@ impl FlightSqlService for SluiceFlightSql {
             .describe(&query.query)
             .await
             .map_err(|e| status_of(&e))?;
-        let handle = self.queries.prepare(key, query.query);
+        let handle = self.queries.prepare(key, query.query)?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.to_bytes().into(),
             dataset_schema: ipc_schema(&dataset)?,
@@ -491,7 +547,8 @@ impl FlightSqlService for SluiceFlightSql {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let (key, _) = self.sessions.of_request(&request)?;
         let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
-        let parameters = bound_parameters(request).await?;
+        let limit = self.sessions.limits().parameter_bytes;
+        let parameters = bound_parameters(request, limit).await?;
         self.queries.bind(handle, &key, parameters)?;
         Ok(DoPutPreparedStatementResult {
             prepared_statement_handle: Some(handle.to_bytes().into()),
@@ -506,7 +563,8 @@ impl FlightSqlService for SluiceFlightSql {
         let (key, session) = self.sessions.of_request(&request)?;
         let handle = QueryHandle::from_bytes(&query.prepared_statement_handle)?;
         let prepared = self.queries.prepared(handle, &key)?;
-        let mut parameters = bound_parameters(request).await?;
+        let mut parameters =
+            bound_parameters(request, self.sessions.limits().parameter_bytes).await?;
         if parameters.is_empty() {
             parameters = prepared.parameters;
         }
@@ -514,11 +572,8 @@ impl FlightSqlService for SluiceFlightSql {
             .plan_with_parameters(&prepared.sql, parameters)
             .await
             .map_err(|e| status_of(&e))?;
-        let schema = planned.schema();
-        let stream = self.sessions.admission().run(schema, move || {
-            session.run(planned).map_err(into_datafusion)
-        });
-        affected_rows(stream).await
+        let label = self.update_label(&key, prepared.sql);
+        self.run_update(session, planned, label).await
     }
 
     async fn do_action_close_prepared_statement(

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tonic::{Request, Status};
 
 use crate::admission::Admission;
+use crate::limits::ServerLimits;
 use crate::login_limit::{LoginLimiter, LoginLimits};
 use crate::users::Users;
 
@@ -88,6 +89,8 @@ pub struct Sessions {
     users: Option<Arc<Users>>,
     /// Where non-admin users may read and write.
     roots: Arc<Roots>,
+    /// The bounds on what clients make the server hold.
+    limits: ServerLimits,
     /// Failed logins, per user name and address.
     logins: Arc<LoginLimiter>,
     /// Password hashes that may run at once.
@@ -123,6 +126,7 @@ impl Sessions {
             factory,
             users: users.map(Arc::new),
             roots: Arc::new(Roots::default()),
+            limits: ServerLimits::default(),
             logins: Arc::new(LoginLimiter::default()),
             hashing: tokio::sync::Semaphore::new(HASHING_PERMITS),
             idle_ttl: SESSION_IDLE_TTL,
@@ -144,6 +148,17 @@ impl Sessions {
     pub fn with_roots(mut self, roots: Roots) -> Self {
         self.roots = Arc::new(roots);
         self
+    }
+
+    /// The same sessions with other bounds on what clients make the server hold.
+    pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The bounds on what clients make the server hold.
+    pub fn limits(&self) -> &ServerLimits {
+        &self.limits
     }
 
     /// The roots of non-admin users.
@@ -212,6 +227,14 @@ impl Sessions {
         let mut opened = self.lock();
         let idle_ttl = self.idle_ttl;
         opened.retain(|_, entry| entry.last_used.elapsed() < idle_ttl);
+        let held = opened.values().filter(|entry| entry.user == user).count();
+        if self.requires_login() && held >= self.limits.sessions_per_user {
+            return Err(Status::resource_exhausted(format!(
+                "user '{user}' holds {held} sessions, the most one user may \
+                 (max_sessions_per_user): a session ends after {} s unused",
+                idle_ttl.as_secs()
+            )));
+        }
         opened.insert(
             id,
             Opened {

@@ -18,6 +18,7 @@ use futures::TryStreamExt;
 use sluice_engine::access::Roots;
 use sluice_engine::catalog::table_at;
 use sluice_engine::{SluiceConfig, SluiceSession};
+use sluice_server::limits::ServerLimits;
 use sluice_server::users::{Users, Verifier};
 use sluice_server::{FlightSqlEndpoint, FlightSqlOptions, SessionFactory, Sessions};
 use tonic::transport::Channel;
@@ -40,6 +41,7 @@ async fn server_limited(users: Option<Users>, max_concurrent_jobs: Option<usize>
         Arc::new(sluice_runtime::LocalRunner),
         users,
         max_concurrent_jobs,
+        ServerLimits::default(),
     )
     .await
 }
@@ -48,6 +50,7 @@ async fn server_on(
     runner: Arc<dyn sluice_runtime::JobRunner>,
     users: Option<Users>,
     max_concurrent_jobs: Option<usize>,
+    limits: ServerLimits,
 ) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.csv");
@@ -68,7 +71,8 @@ async fn server_on(
             .await
             .unwrap()
             .with_max_concurrent_jobs(max_concurrent_jobs)
-            .with_roots(roots),
+            .with_roots(roots)
+            .with_limits(limits),
     );
     let options = FlightSqlOptions {
         listen: "127.0.0.1:0".into(),
@@ -530,7 +534,7 @@ async fn cancel_flight_info_ends_a_running_statement_and_drops_a_waiting_one() {
 }
 
 #[tokio::test]
-async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends() {
+async fn beyond_max_concurrent_jobs_queries_and_updates_wait_until_a_running_one_ends() {
     let server = server_limited(None, Some(1)).await;
     let mut client = client(&server).await;
     let long = client.execute(LONG.to_string(), None).await.unwrap();
@@ -549,13 +553,28 @@ async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends()
         server.endpoint.queued_statements() == 1
     })
     .await;
+    // A statement update (DoPut) waits in the same queue.
+    let mut update = {
+        let mut client = client.clone();
+        SpawnedTask::spawn(async move { client.execute_update("select 8".into(), None).await })
+    };
+    wait_for("the statement update never queued", || {
+        server.endpoint.queued_statements() == 2
+    })
+    .await;
     let early = tokio::time::timeout(
         std::time::Duration::from_millis(300),
         short_fetch.join_unwind_mut(),
     )
     .await;
     assert!(early.is_err(), "it ran beyond the limit");
-    assert_eq!(server.endpoint.queued_statements(), 1);
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(100),
+        update.join_unwind_mut(),
+    )
+    .await;
+    assert!(early.is_err(), "the update ran beyond the limit");
+    assert_eq!(server.endpoint.queued_statements(), 2);
     cancel_flight_info(&mut client, &long).await;
     let rows = tokio::time::timeout(std::time::Duration::from_secs(10), short_fetch.join())
         .await
@@ -566,9 +585,115 @@ async fn beyond_max_concurrent_jobs_a_statement_waits_until_a_running_one_ends()
         pretty_format_batches(&rows).unwrap().to_string(),
         "+---+\n| n |\n+---+\n| 7 |\n+---+"
     );
+    let counted = tokio::time::timeout(std::time::Duration::from_secs(10), update.join())
+        .await
+        .expect("the queued update ran once the slot was free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(counted, 1, "the update counts its result's one row");
     let ended = long_fetch.join().await.unwrap().unwrap_err();
     assert_eq!(status_of(ended).code(), tonic::Code::Cancelled);
     assert_eq!(server.endpoint.queued_statements(), 0);
+}
+
+#[tokio::test]
+async fn a_thousand_idle_prepared_statements_over_ten_sessions_are_closed_after_their_expiry() {
+    let verifier = Verifier::new("pw", b"some salt", 64).to_text();
+    let users = Users::parse(&format!("ann:{verifier}")).unwrap();
+    let limits = ServerLimits {
+        prepared_per_session: 100,
+        prepared_idle: std::time::Duration::from_secs(1),
+        ..ServerLimits::default()
+    };
+    let server = server_on(
+        Arc::new(sluice_runtime::LocalRunner),
+        Some(users),
+        None,
+        limits,
+    )
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        let mut client = client(&server).await;
+        client.handshake("ann", "pw").await.unwrap();
+        for _ in 0..100 {
+            client
+                .prepare("select * from t where a > $1".into(), None)
+                .await
+                .unwrap();
+        }
+        clients.push(client);
+    }
+    assert_eq!(server.endpoint.prepared_statements(), 1000);
+    let refused = clients[0]
+        .prepare("select 1".into(), None)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let refused = status_of(refused);
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        refused.message(),
+        "this session holds 100 prepared statements, the most one may \
+         (max_prepared_statements): close one (one unused for 1 s is closed)"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(server.endpoint.prepared_statements(), 0);
+}
+
+#[tokio::test]
+async fn bound_parameters_beyond_their_limit_are_refused_and_sessions_per_user_are_bounded() {
+    let verifier = Verifier::new("pw", b"some salt", 64).to_text();
+    let users = Users::parse(&format!("ann:{verifier}")).unwrap();
+    let limits = ServerLimits {
+        parameter_bytes: 4096,
+        sessions_per_user: 2,
+        ..ServerLimits::default()
+    };
+    let server = server_on(
+        Arc::new(sluice_runtime::LocalRunner),
+        Some(users),
+        None,
+        limits,
+    )
+    .await;
+    let mut client = client(&server).await;
+    client.handshake("ann", "pw").await.unwrap();
+    let mut prepared = client.prepare("select $1 as v".into(), None).await.unwrap();
+    let big = RecordBatch::try_from_iter(vec![(
+        "$1",
+        Arc::new(arrow::array::StringArray::from(vec!["x".repeat(10_000)]))
+            as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    prepared.set_parameters(big).unwrap();
+    let refused = status_of(prepared.execute().await.unwrap_err());
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        refused.message(),
+        "the bound parameters are larger than max_parameter_bytes (4 KiB)"
+    );
+    let small = RecordBatch::try_from_iter(vec![(
+        "$1",
+        Arc::new(arrow::array::StringArray::from(vec!["small"])) as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    prepared.set_parameters(small).unwrap();
+    let info = prepared.execute().await.unwrap();
+    let rows = pretty_format_batches(&fetch(&mut client, info).await)
+        .unwrap()
+        .to_string();
+    assert!(rows.contains("| small |"), "{rows}");
+    // Two sessions per user here: the third handshake is refused until one expires.
+    let mut second = self::client(&server).await;
+    second.handshake("ann", "pw").await.unwrap();
+    let mut third = self::client(&server).await;
+    let third = third.handshake("ann", "pw").await.unwrap_err().to_string();
+    assert!(
+        third
+            .contains("user 'ann' holds 2 sessions, the most one user may (max_sessions_per_user)"),
+        "{third}"
+    );
 }
 
 /// One `PollFlightInfo` with `descriptor`: the info's JSON progress report, the next descriptor
@@ -619,7 +744,7 @@ fn statement_descriptor(sql: &str) -> arrow_flight::FlightDescriptor {
 #[tokio::test]
 async fn poll_flight_info_reports_planned_queued_running_tasks_and_finished() {
     let runner = Arc::new(sluice_runtime::LocalGraphRunner::default());
-    let server = server_on(runner, None, Some(1)).await;
+    let server = server_on(runner, None, Some(1), ServerLimits::default()).await;
     let mut client = client(&server).await;
 
     let (json, long_poll, progress, long) = poll(&client, statement_descriptor(LONG)).await;

@@ -232,8 +232,9 @@ fn job_ids(jobs: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// Runs `sql` in `session` as a front door would for `user` (its job labelled with the user).
-async fn run_as(session: &SluiceSession, user: &str, sql: &str) -> usize {
+/// Runs `sql` in `session` as a front door would for `user` (its job labelled with the user): its
+/// rows, or its error's text.
+async fn run_as(session: &SluiceSession, user: &str, sql: &str) -> Result<usize, String> {
     let statement = session.parse_sql(sql).unwrap().pop().unwrap();
     let planned = session.plan(statement).await.unwrap();
     let label = sluice_runtime::JobLabel {
@@ -245,7 +246,7 @@ async fn run_as(session: &SluiceSession, user: &str, sql: &str) -> usize {
     sluice_engine::session::collect_stream(stream)
         .await
         .map(|output| output.row_count())
-        .unwrap_or(0)
+        .map_err(|e| e.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,8 +271,8 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
         .await
         .unwrap();
     let address = rest.address().to_string();
-    assert_eq!(run_as(sessions.base(), "ann", "select 1").await, 1);
-    assert_eq!(run_as(sessions.base(), "bob", "select 2").await, 1);
+    assert_eq!(run_as(sessions.base(), "ann", "select 1").await, Ok(1));
+    assert_eq!(run_as(sessions.base(), "bob", "select 2").await, Ok(1));
     // bob's long query runs while the checks below try to cancel it.
     let long = {
         let sessions = Arc::clone(&sessions);
@@ -389,7 +390,24 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
         .await
         .unwrap();
     assert_eq!((status, &body), (200, &json!({"cancelled": true})));
-    assert_eq!(long.await.unwrap(), 0, "the cancelled query returned rows");
+    let ended = long.await.unwrap().unwrap_err();
+    assert!(ended.contains("was cancelled (REST API)"), "{ended}");
+    // The `sluice` system tables show a user who is not an admin only their own jobs too.
+    let ann = sessions.fork().await.unwrap();
+    ann.grant(sessions.access_of("ann"));
+    let ada = sessions.fork().await.unwrap();
+    ada.grant(sessions.access_of("ada"));
+    let seen = |session: SluiceSession| async move {
+        let outputs = session
+            .run_sql("select count(*) as n from sluice.jobs where job_id <= 3")
+            .await
+            .unwrap();
+        arrow::util::pretty::pretty_format_batches(&outputs[0].batches)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(seen(ann).await, "+---+\n| n |\n+---+\n| 1 |\n+---+");
+    assert_eq!(seen(ada).await, "+---+\n| n |\n+---+\n| 3 |\n+---+");
 
     // A login gives a token and a strict cookie; either one is a credential.
     let login = {

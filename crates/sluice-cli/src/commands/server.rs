@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::Args;
 use sluice_engine::access::{Location, Roots};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
+use sluice_server::limits::ServerLimits;
 use sluice_server::login_limit::LoginLimits;
 use sluice_server::postgres::DEFAULT_PG_LISTEN;
 use sluice_server::rest::{DEFAULT_HTTP_LISTEN, RestEndpoint, RestOptions};
@@ -145,6 +146,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
             .await?
             .with_max_concurrent_jobs(limit)
             .with_roots(roots)
+            .with_limits(ServerLimits::of(&config))
             .with_login_limits(LoginLimits {
                 failures: usize::try_from(args.max_failed_logins).unwrap_or(usize::MAX),
                 ..LoginLimits::default()

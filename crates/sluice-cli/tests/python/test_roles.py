@@ -3,7 +3,7 @@ PermissionDenied (UNAUTHORIZED) and psycopg SQLSTATE 42501 for what a role may n
 statement it may do runs.
 
 Run by tests/clients.rs: SLUICE_ROLES_FLIGHT_SQL and SLUICE_ROLES_PG are a server whose users
-file holds rita (no role: a reader), wes (writer) and ada (admin), each with password "pw";
+file holds rita (no role: a reader), wes (writer) and ada (admin), each with password "s3cret-roles";
 SLUICE_ROLES_DIR holds data/ (the server's --data, so its read root), out/ (its write root) and
 secret.csv (under neither); SLUICE_ROLES_ELSEWHERE is a directory outside both roots.
 """
@@ -24,11 +24,11 @@ def connect(door, user):
     if door == "flight_sql":
         return flight_sql.connect(
             os.environ["SLUICE_ROLES_FLIGHT_SQL"],
-            db_kwargs={"username": user, "password": "pw"},
+            db_kwargs={"username": user, "password": "s3cret-roles"},
             autocommit=True,
         )
     host, port = os.environ["SLUICE_ROLES_PG"].rsplit(":", 1)
-    return psycopg.connect(host=host, port=port, user=user, password="pw", dbname="sluice", autocommit=True)
+    return psycopg.connect(host=host, port=port, user=user, password="s3cret-roles", dbname="sluice", autocommit=True)
 
 
 def cursor(conn, simple):
@@ -75,6 +75,7 @@ def test_a_reader_reads_the_registered_tables_and_under_the_read_root_only(door)
         "create external table p stored as csv location '/etc/passwd'": f"{who}: CREATE EXTERNAL TABLE needs the admin role",
         f"copy (select 1) to '{DIR}/out/r_{door}.csv'": f"{who}: COPY needs the writer role",
         "insert into t values (4, 'w')": f"{who}: INSERT on table 't' needs the writer role",
+        "set datafusion.runtime.memory_limit = '100G'": f"{who}: 'datafusion.runtime.memory_limit' is a server-wide setting: it needs the admin role",
     }
     for sql, message in refused.items():
         got = refusal(door, "rita", sql)

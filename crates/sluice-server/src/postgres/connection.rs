@@ -75,6 +75,8 @@ pub struct PgConnection {
     requires_login: bool,
     /// Where statements wait for a slot (the server's, shared with Flight SQL).
     admission: Arc<Admission>,
+    /// The most a statement followed by others in one query string may hold (`result_buffer`).
+    result_buffer: usize,
 }
 
 impl PgConnection {
@@ -84,6 +86,7 @@ impl PgConnection {
         cancels: Arc<Cancels>,
         requires_login: bool,
         admission: Arc<Admission>,
+        result_buffer: usize,
     ) -> sluice_engine::Result<Self> {
         let context = Arc::new(session.context().clone());
         datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog(
@@ -112,6 +115,7 @@ impl PgConnection {
             listed: OnceLock::new(),
             requires_login,
             admission,
+            result_buffer,
         })
     }
 
@@ -171,7 +175,7 @@ impl PgConnection {
         // A statement followed by others in the same simple query runs to the end before the next
         // is planned, as Postgres runs them: a later INSERT must not change an earlier SELECT.
         let rows = if materialize {
-            let batches: Vec<RecordBatch> = rows.try_collect().await?;
+            let batches = held_result(rows, self.result_buffer).await?;
             stream::iter(batches.into_iter().map(Ok)).boxed()
         } else {
             rows.boxed()
@@ -289,6 +293,26 @@ fn shows_a_datafusion_setting(statement: &Statement) -> bool {
     }
 }
 
+/// Whether `statement` is `SET datafusion.… = …`: planned by the session (so its access decides
+/// whether the user may change it), never answered by datafusion-postgres's `SET` hook, which
+/// would execute it in the context directly.
+fn sets_a_datafusion_setting(statement: &Statement) -> bool {
+    use datafusion::sql::sqlparser::ast::Set;
+    match statement {
+        Statement::Set(Set::SingleAssignment { variable, .. }) => variable
+            .to_string()
+            .to_ascii_lowercase()
+            .starts_with("datafusion."),
+        Statement::Set(Set::MultipleAssignments { assignments }) => assignments.iter().any(|a| {
+            a.name
+                .to_string()
+                .to_ascii_lowercase()
+                .starts_with("datafusion.")
+        }),
+        _ => false,
+    }
+}
+
 /// The extended protocol's parser: datafusion-postgres's, except that `SHOW datafusion.…` is
 /// planned by DataFusion (whose answer is the setting's name and value).
 pub struct PgParser {
@@ -363,6 +387,35 @@ fn inserted(batches: &[RecordBatch]) -> usize {
         .filter(|column| !column.is_empty())
         .map(|column| usize::try_from(column.value(0)).unwrap_or(usize::MAX))
         .sum()
+}
+
+/// SQLSTATE of a result larger than the server holds (Postgres's `program_limit_exceeded`).
+pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+
+/// Every batch of `rows`, held until the statement ends, at most `limit` bytes of them: past it
+/// the statement stops (its job is cancelled as the stream drops) with one error.
+async fn held_result<S>(mut rows: S, limit: usize) -> PgWireResult<Vec<RecordBatch>>
+where
+    S: futures::Stream<Item = PgWireResult<RecordBatch>> + Unpin,
+{
+    let mut held = 0usize;
+    let mut batches = Vec::new();
+    while let Some(batch) = rows.try_next().await? {
+        held = held.saturating_add(batch.get_array_memory_size());
+        if held > limit {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".to_string(),
+                PROGRAM_LIMIT_EXCEEDED.to_string(),
+                format!(
+                    "a statement followed by others in one query string is held until it ends, \
+                     and its result is larger than result_buffer ({}): send it on its own",
+                    crate::limits::human_bytes(limit)
+                ),
+            ))));
+        }
+        batches.push(batch);
+    }
+    Ok(batches)
 }
 
 /// Whether `statement` is a `COPY ... TO`: DataFusion's statement (to a file), which Sluice's
@@ -506,7 +559,7 @@ impl PgConnection {
     /// The hooks that may answer `statement`: none for `SHOW datafusion.…`, which DataFusion answers
     /// (the hooks know Postgres's variables only).
     fn hooks_for(&self, statement: &Statement) -> &[Arc<dyn QueryHook>] {
-        if shows_a_datafusion_setting(statement) {
+        if shows_a_datafusion_setting(statement) || sets_a_datafusion_setting(statement) {
             &[]
         } else {
             &self.hooks

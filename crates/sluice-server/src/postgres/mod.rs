@@ -204,6 +204,7 @@ impl Acceptor {
             self.registry.cancels.clone(),
             self.sessions.requires_login(),
             self.sessions.admission().clone(),
+            self.sessions.limits().result_buffer,
         )?;
         Ok(PgHandlers {
             connection: Arc::new(connection),
