@@ -33,6 +33,8 @@ mod process_cluster;
 mod process_workers;
 mod runner;
 mod wire;
+#[cfg(test)]
+mod wire_fuzz;
 mod worker_process;
 mod worker_server;
 

@@ -494,7 +494,7 @@ pub(crate) fn from_status_at(status: &tonic::Status, what: &str, peer: &str) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::physical_plan::ExecutionPlan;
     use datafusion::physical_plan::empty::EmptyExec;
@@ -504,8 +504,8 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_definition_round_trips() {
+    /// A task definition with every field set (its hash keys over a one-column plan).
+    pub(crate) fn sample_definition() -> TaskDefinition {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
         let plan: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(schema.clone()));
         let key = AttemptKey {
@@ -521,7 +521,7 @@ mod tests {
             },
             attempt: 2,
         };
-        let definition = TaskDefinition {
+        TaskDefinition {
             attempt: key,
             plan: StagePlan::Encoded(encode_stage_plan(plan).unwrap()),
             inputs: vec![TaskInputStreams {
@@ -541,7 +541,13 @@ mod tests {
             config: Arc::new([("a".to_string(), "b".to_string())].into()),
             memory_limit: Some(1 << 30),
             report_plan_metrics: true,
-        };
+        }
+    }
+
+    #[test]
+    fn a_definition_round_trips() {
+        let definition = sample_definition();
+        let key = definition.attempt;
         let bytes = encode_definition(&definition).unwrap();
         let back = decode_definition(&bytes, &TaskContext::default()).unwrap();
         assert_eq!(back.attempt, key);

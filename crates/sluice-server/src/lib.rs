@@ -22,6 +22,8 @@
 pub mod admission;
 pub mod cancellable;
 pub mod client;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod limits;
 pub mod login_limit;
 pub mod metadata;

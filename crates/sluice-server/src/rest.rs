@@ -480,7 +480,7 @@ async fn login(
 }
 
 /// `{"user": "...", "password": "..."}`.
-fn credentials_of_json(body: &[u8]) -> std::result::Result<(String, String), String> {
+pub(crate) fn credentials_of_json(body: &[u8]) -> std::result::Result<(String, String), String> {
     let expected = "expected a JSON body {\"user\": ..., \"password\": ...} or Basic credentials";
     let value: Value = serde_json::from_slice(body).map_err(|_| expected.to_string())?;
     match (value.get("user"), value.get("password")) {

@@ -5,7 +5,8 @@
 //!  request ─► Host is a listed name? ──no──► 403
 //!               │ yes
 //!               ▼
-//!  state-changing (POST, …) with a foreign Origin or Sec-Fetch-Site: cross-site? ──yes──► 403
+//!  state-changing (POST, …) from another origin (Origin: scheme, host and port; or
+//!  Sec-Fetch-Site other than same-origin/none)? ──yes──► 403
 //!               │ no
 //!               ▼
 //!  public (the UI's files, POST /api/v1/login, /metrics with --metrics-public)? ──yes──► handler
@@ -85,6 +86,8 @@ pub struct Guard {
     metrics_public: bool,
     /// Whether the endpoint serves TLS (the cookie is `Secure` then).
     tls: bool,
+    /// The port it listens on (an Origin must name it).
+    port: u16,
 }
 
 impl Guard {
@@ -109,12 +112,34 @@ impl Guard {
             hosts,
             metrics_public,
             tls,
+            port: address.port(),
         }
+    }
+
+    /// Whether `origin` (an `Origin` header: `scheme://host[:port]`) is this endpoint's own: its
+    /// scheme, a listed host and its port (another port of the same host is another site's page).
+    pub(crate) fn is_own_origin(&self, origin: &str) -> bool {
+        let scheme = if self.tls { "https" } else { "http" };
+        let Some(authority) = origin
+            .trim()
+            .to_ascii_lowercase()
+            .strip_prefix(scheme)
+            .and_then(|rest| rest.strip_prefix("://"))
+            .map(str::to_string)
+        else {
+            return false;
+        };
+        let default_port = if self.tls { 443 } else { 80 };
+        let port = match authority.rsplit_once(':') {
+            Some((name, port)) if !name.contains(':') || name.ends_with(']') => port.parse().ok(),
+            _ => Some(default_port),
+        };
+        port == Some(self.port) && self.answers_to(&authority)
     }
 
     /// Whether `host` (a Host header or an Origin's authority, with or without a port) is one of
     /// the listed names.
-    fn answers_to(&self, host: &str) -> bool {
+    pub(crate) fn answers_to(&self, host: &str) -> bool {
         let host = host.trim().to_ascii_lowercase();
         let name = match host.rsplit_once(':') {
             // `[::1]:8080` or `name:8080`; a bare IPv6 literal has its colons inside brackets.
@@ -237,16 +262,16 @@ pub async fn guard(
         );
     }
     if changes_state(request.method()) {
+        // A browser says where a request comes from: only this endpoint's own pages (or the
+        // user typing, `none`) may change state. Other clients (curl, scripts) send neither.
         let cross_site = headers
             .get("sec-fetch-site")
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|site| site.eq_ignore_ascii_case("cross-site"));
+            .is_some_and(|site| {
+                !site.eq_ignore_ascii_case("same-origin") && !site.eq_ignore_ascii_case("none")
+            });
         let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-        let foreign = origin.is_some_and(|origin| {
-            origin
-                .split_once("://")
-                .is_none_or(|(_, authority)| !state.guard.answers_to(authority))
-        });
+        let foreign = origin.is_some_and(|origin| !state.guard.is_own_origin(origin));
         if cross_site || foreign {
             return refuse(
                 StatusCode::FORBIDDEN,
@@ -330,6 +355,27 @@ mod tests {
         ] {
             assert!(!guard.answers_to(host), "{host}");
         }
+        // An origin is the endpoint's own only with its scheme, a listed host and its port.
+        for origin in [
+            "http://localhost:8080",
+            "http://127.0.0.1:8080",
+            "http://sluice.example.com:8080",
+        ] {
+            assert!(guard.is_own_origin(origin), "{origin}");
+        }
+        for origin in [
+            "http://localhost:9999",
+            "https://localhost:8080",
+            "http://localhost",
+            "http://evil.example.com:8080",
+            "null",
+            "",
+        ] {
+            assert!(!guard.is_own_origin(origin), "{origin}");
+        }
+        let https = Guard::new("127.0.0.1:443".parse().unwrap(), &[], false, true);
+        assert!(https.is_own_origin("https://localhost"));
+        assert!(!https.is_own_origin("http://localhost:443"));
     }
 
     #[test]

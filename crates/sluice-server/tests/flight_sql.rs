@@ -534,8 +534,17 @@ async fn cancel_flight_info_ends_a_running_statement_and_drops_a_waiting_one() {
 }
 
 #[tokio::test]
-async fn beyond_max_concurrent_jobs_queries_and_updates_wait_until_a_running_one_ends() {
+async fn beyond_max_concurrent_jobs_queries_updates_and_postgres_wait_until_a_running_one_ends() {
     let server = server_limited(None, Some(1)).await;
+    let postgres = sluice_server::PgEndpoint::start(
+        server.endpoint.sessions().clone(),
+        &sluice_server::PgOptions {
+            listen: "127.0.0.1:0".into(),
+            tls: None,
+        },
+    )
+    .await
+    .unwrap();
     let mut client = client(&server).await;
     let long = client.execute(LONG.to_string(), None).await.unwrap();
     let long_fetch = fetch_in_background(&client, &long);
@@ -562,6 +571,15 @@ async fn beyond_max_concurrent_jobs_queries_and_updates_wait_until_a_running_one
         server.endpoint.queued_statements() == 2
     })
     .await;
+    // And so does a Postgres statement.
+    let mut postgres_query = {
+        let address = postgres.address();
+        SpawnedTask::spawn(async move { pg_simple_query(address, "select 9 as n").await })
+    };
+    wait_for("the Postgres statement never queued", || {
+        server.endpoint.queued_statements() == 3
+    })
+    .await;
     let early = tokio::time::timeout(
         std::time::Duration::from_millis(300),
         short_fetch.join_unwind_mut(),
@@ -574,7 +592,16 @@ async fn beyond_max_concurrent_jobs_queries_and_updates_wait_until_a_running_one
     )
     .await;
     assert!(early.is_err(), "the update ran beyond the limit");
-    assert_eq!(server.endpoint.queued_statements(), 2);
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(100),
+        postgres_query.join_unwind_mut(),
+    )
+    .await;
+    assert!(
+        early.is_err(),
+        "the Postgres statement ran beyond the limit"
+    );
+    assert_eq!(server.endpoint.queued_statements(), 3);
     cancel_flight_info(&mut client, &long).await;
     let rows = tokio::time::timeout(std::time::Duration::from_secs(10), short_fetch.join())
         .await
@@ -591,6 +618,11 @@ async fn beyond_max_concurrent_jobs_queries_and_updates_wait_until_a_running_one
         .unwrap()
         .unwrap();
     assert_eq!(counted, 1, "the update counts its result's one row");
+    let rows = tokio::time::timeout(std::time::Duration::from_secs(10), postgres_query.join())
+        .await
+        .expect("the queued Postgres statement ran once the slot was free")
+        .unwrap();
+    assert_eq!(rows, vec!["9".to_string()]);
     let ended = long_fetch.join().await.unwrap().unwrap_err();
     assert_eq!(status_of(ended).code(), tonic::Code::Cancelled);
     assert_eq!(server.endpoint.queued_statements(), 0);
@@ -622,21 +654,24 @@ async fn a_thousand_idle_prepared_statements_over_ten_sessions_are_closed_after_
                 .await
                 .unwrap();
         }
+        // The session holds its 100 (made well within the expiry): one more is refused. (All
+        // 1,000 are not counted at one instant: on a loaded machine making them can take longer
+        // than the expiry, and the first ones are rightly gone by then.)
+        let refused = client
+            .prepare("select 1".into(), None)
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        let refused = status_of(refused);
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            refused.message(),
+            "this session holds 100 prepared statements, the most one may \
+             (max_prepared_statements): close one (one unused for 1 s is closed)"
+        );
         clients.push(client);
     }
-    assert_eq!(server.endpoint.prepared_statements(), 1000);
-    let refused = clients[0]
-        .prepare("select 1".into(), None)
-        .await
-        .map(|_| ())
-        .unwrap_err();
-    let refused = status_of(refused);
-    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-    assert_eq!(
-        refused.message(),
-        "this session holds 100 prepared statements, the most one may \
-         (max_prepared_statements): close one (one unused for 1 s is closed)"
-    );
+    assert!(server.endpoint.prepared_statements() > 0);
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     assert_eq!(server.endpoint.prepared_statements(), 0);
 }
@@ -694,6 +729,46 @@ async fn bound_parameters_beyond_their_limit_are_refused_and_sessions_per_user_a
             .contains("user 'ann' holds 2 sessions, the most one user may (max_sessions_per_user)"),
         "{third}"
     );
+}
+
+/// `sql` through the Postgres wire's simple query protocol on a server without accounts (the
+/// protocol by hand: startup, then one `Query`): the first column of each row, as text.
+async fn pg_simple_query(address: std::net::SocketAddr, sql: &str) -> Vec<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let parameters = b"user\0sluice\0database\0sluice\0\0";
+    let mut startup = ((8 + parameters.len()) as i32).to_be_bytes().to_vec();
+    startup.extend_from_slice(&196_608i32.to_be_bytes());
+    startup.extend_from_slice(parameters);
+    socket.write_all(&startup).await.unwrap();
+    async fn until_ready(socket: &mut tokio::net::TcpStream) -> Vec<String> {
+        let mut rows = Vec::new();
+        loop {
+            let kind = socket.read_u8().await.unwrap();
+            let length = socket.read_i32().await.unwrap() as usize;
+            let mut body = vec![0; length - 4];
+            socket.read_exact(&mut body).await.unwrap();
+            match kind {
+                b'Z' => return rows,
+                b'E' => panic!(
+                    "the server answered an error: {}",
+                    String::from_utf8_lossy(&body)
+                ),
+                b'D' => {
+                    let width = i32::from_be_bytes(body[2..6].try_into().unwrap()) as usize;
+                    rows.push(String::from_utf8(body[6..6 + width].to_vec()).unwrap());
+                }
+                _ => {}
+            }
+        }
+    }
+    until_ready(&mut socket).await;
+    let mut query = vec![b'Q'];
+    query.extend_from_slice(&((4 + sql.len() + 1) as i32).to_be_bytes());
+    query.extend_from_slice(sql.as_bytes());
+    query.push(0);
+    socket.write_all(&query).await.unwrap();
+    until_ready(&mut socket).await
 }
 
 /// One `PollFlightInfo` with `descriptor`: the info's JSON progress report, the next descriptor

@@ -384,14 +384,60 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
             &json!("a POST from another site (http://evil.example) is refused")
         )
     );
+    // Another port of the same host is another site's page.
+    let mut other_port = jobs("ada");
+    other_port.push(("Origin", "http://127.0.0.1:1".into()));
+    let (status, _, _) = http("POST", "/api/v1/jobs/3/cancel".into(), other_port)
+        .await
+        .unwrap();
+    assert_eq!(status, 403);
+    let mut same_site = jobs("ada");
+    same_site.push(("Sec-Fetch-Site", "same-site".into()));
+    let (status, _, _) = http("POST", "/api/v1/jobs/3/cancel".into(), same_site)
+        .await
+        .unwrap();
+    assert_eq!(status, 403);
     let mut same = jobs("ada");
     same.push(("Origin", format!("http://{}", rest.address())));
+    same.push(("Sec-Fetch-Site", "same-origin".into()));
     let (status, _, body) = http("POST", "/api/v1/jobs/3/cancel".into(), same)
         .await
         .unwrap();
     assert_eq!((status, &body), (200, &json!({"cancelled": true})));
     let ended = long.await.unwrap().unwrap_err();
     assert!(ended.contains("was cancelled (REST API)"), "{ended}");
+    // Their event stream shows a user only their own jobs: every job once on connect.
+    let events = {
+        let address = rest.address().to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut stream = std::net::TcpStream::connect(&address).unwrap();
+            stream
+                .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+                .unwrap();
+            write!(
+                stream,
+                "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nAuthorization: {}\r\n\
+                 Connection: close\r\n\r\n",
+                basic("ann")
+            )
+            .unwrap();
+            let mut text = Vec::new();
+            // Read until the stream goes quiet for a second (it stays open).
+            let _ = stream.read_to_end(&mut text);
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let events = events.await.unwrap();
+    let ids: Vec<u64> = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| {
+            serde_json::from_str::<Value>(data).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, vec![1], "{events}");
     // The `sluice` system tables show a user who is not an admin only their own jobs too.
     let ann = sessions.fork().await.unwrap();
     ann.grant(sessions.access_of("ann"));
