@@ -51,7 +51,8 @@ struct GlobalArgs {
     /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
     /// joins, driver_listen, min_workers, capacity_wait, max_task_attempts, read_roots,
     /// write_roots, result_buffer, max_parameter_bytes, max_prepared_statements,
-    /// prepared_statement_idle, max_sessions_per_user, [session]; see `sluice config`).
+    /// prepared_statement_idle, max_sessions_per_user, max_failed_logins, [session]; see
+    /// `sluice config`).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Execution mode: local (in-process DataFusion, the default), local-graph (the job graph in
@@ -190,6 +191,7 @@ impl GlobalArgs {
             max_prepared_statements: None,
             prepared_statement_idle: None,
             max_sessions_per_user: None,
+            max_failed_logins: None,
             session,
         };
         config.apply(flags, "command line")?;

@@ -247,12 +247,23 @@ fn verifier_of(password: &str) -> String {
 fn large_unread_results_keep_the_servers_memory_within_four_result_buffers() {
     let python = python();
     let server = Server::start_in(&["--mode", "local"], &[], None, None);
-    let output = Command::new(&python)
+    let pid = server.pid().to_string();
+    let env = [
+        ("SLUICE_LIMITS_FLIGHT_SQL", server.url.as_str()),
+        ("SLUICE_LIMITS_PG", server.pg.as_str()),
+        ("SLUICE_LIMITS_PID", pid.as_str()),
+    ];
+    assert_pytest_passes(&python, "test_limits.py", &env, 1);
+    server.stop();
+}
+
+/// Runs the pytest file `file` of `tests/python` with `env`, asserting that exactly `passed`
+/// tests ran and passed.
+fn assert_pytest_passes(python: &Path, file: &str, env: &[(&str, &str)], passed: usize) {
+    let output = Command::new(python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(Path::new(PYTHON_DIR).join("test_limits.py"))
-        .env("SLUICE_LIMITS_FLIGHT_SQL", &server.url)
-        .env("SLUICE_LIMITS_PG", &server.pg)
-        .env("SLUICE_LIMITS_PID", server.pid().to_string())
+        .arg(Path::new(PYTHON_DIR).join(file))
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -262,8 +273,7 @@ fn large_unread_results_keep_the_servers_memory_within_four_result_buffers() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("1 passed"), "{stdout}");
-    server.stop();
+    assert!(summary.starts_with(&format!("{passed} passed")), "{stdout}");
 }
 
 #[test]
@@ -307,27 +317,17 @@ fn roles_decide_what_each_user_reads_and_writes_through_both_doors() {
         server.started
     );
     let roots = format!(
-        "sluice server: non-admins read under {0}/data and write under {0}/out",
+        "sluice server: read roots: {0}/data; write roots: {0}/out",
         canonical.display()
     );
     assert!(server.started.contains(&roots), "{:?}", server.started);
-    let output = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(Path::new(PYTHON_DIR).join("test_roles.py"))
-        .env("SLUICE_ROLES_FLIGHT_SQL", &server.url)
-        .env("SLUICE_ROLES_PG", &server.pg)
-        .env("SLUICE_ROLES_DIR", dir.path())
-        .env("SLUICE_ROLES_ELSEWHERE", elsewhere.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "pytest failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with("6 passed"), "{stdout}");
+    let env = [
+        ("SLUICE_ROLES_FLIGHT_SQL", server.url.as_str()),
+        ("SLUICE_ROLES_PG", server.pg.as_str()),
+        ("SLUICE_ROLES_DIR", dir.path().to_str().unwrap()),
+        ("SLUICE_ROLES_ELSEWHERE", elsewhere.path().to_str().unwrap()),
+    ];
+    assert_pytest_passes(&python, "test_roles.py", &env, 6);
     server.stop();
 }
 

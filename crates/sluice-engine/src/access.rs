@@ -277,9 +277,10 @@ impl Roots {
     }
 }
 
-fn listed(roots: &[Location]) -> String {
+/// `roots` for messages: comma-separated, or `none`.
+pub fn listed(roots: &[Location]) -> String {
     if roots.is_empty() {
-        return "none is set".to_string();
+        return "none".to_string();
     }
     roots
         .iter()

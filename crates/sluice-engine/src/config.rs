@@ -358,6 +358,12 @@ settings! {
         env "SLUICE_MAX_SESSIONS_PER_USER", parse |t| parse_at_least_one(t, "max_sessions_per_user"),
         show |n| Some(n.to_string()),
         help "server: Flight SQL sessions one user may hold open at once";
+    /// `sluice server` with accounts: failed logins allowed per user name and per client address
+    /// within a minute, before that name or address is refused for a minute.
+    max_failed_logins: usize = 5,
+        env "SLUICE_MAX_FAILED_LOGINS", parse |t| parse_at_least_one(t, "max_failed_logins"),
+        show |n| Some(n.to_string()),
+        help "server: failed logins per user name and per address within a minute";
 }
 
 /// A whole number of at least 1 for setting `key`.
@@ -943,7 +949,7 @@ mod tests {
              max_task_attempts = 2\nread_roots = [\"/data\", \"s3://lake/sf1/\"]\n\
              write_roots = \"/out\"\nresult_buffer = \"32M\"\nmax_parameter_bytes = \"2K\"\n\
              max_prepared_statements = 7\nprepared_statement_idle = \"1s\"\n\
-             max_sessions_per_user = 3\n",
+             max_sessions_per_user = 3\nmax_failed_logins = 9\n",
             "t.toml",
         )
         .unwrap();
@@ -1032,7 +1038,8 @@ mod tests {
             "config x.toml: unknown key `modee` (known: mode, memory_limit, workers, \
              flight_compression, exchange, joins, driver_listen, min_workers, capacity_wait, \
              max_task_attempts, read_roots, write_roots, result_buffer, max_parameter_bytes, \
-             max_prepared_statements, prepared_statement_idle, max_sessions_per_user, [session])"
+             max_prepared_statements, prepared_statement_idle, max_sessions_per_user, \
+             max_failed_logins, [session])"
         );
     }
 

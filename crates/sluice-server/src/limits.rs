@@ -11,7 +11,7 @@
 //! | Flight SQL sessions one user holds open (servers with accounts) | `max_sessions_per_user` | 16    |
 //!
 //! A Flight SQL statement update (`DoPut`) streams its result and counts it, holding one batch at
-//! a time; failed logins have their own limits ([`crate::login_limit`]).
+//! a time; failed logins have their own limits ([`crate::login_limit`], `max_failed_logins`).
 
 use std::time::Duration;
 

@@ -18,7 +18,8 @@
 //!                                  (null: unlimited)}, …]
 //!  GET  /api/v1/events             Server-Sent Events: `event: job`, `data:` a job as in the list,
 //!                                  for every job on connect, then each time one changes (state,
-//!                                  tasks done, rows, retries), checked every EVENTS_EVERY
+//!                                  tasks done, rows, retries), checked every EVENTS_EVERY; a
+//!                                  stream opened with a session token ends with the session
 //!  GET  /metrics                   Prometheus text format (`crate::prometheus`)
 //!  POST /api/v1/login              {"user", "password"} (or Basic credentials) ─► {"token", "user",
 //!                                  "role"} and the `sluice_token` cookie · 401 wrong · 429 locked out
@@ -29,7 +30,8 @@
 //! Every request passes [`crate::rest_guard`] first: its Host must be a listed name, a
 //! state-changing one must not come from another site, and on a server with accounts everything
 //! but the UI's files and the login needs credentials (`/metrics` too, unless `--metrics-public`).
-//! A user who is not an admin sees and cancels only their own jobs (403 for another's).
+//! A user who is not an admin sees only their own jobs (another's is 404, as an unknown one) and
+//! cancels only their own (403 for another's).
 //!
 //! A job: `id`, `state` (`running` / `succeeded` / `failed` / `cancelled`), `sql`, `user`, `tag` (the
 //! front door's name for the statement; all three `null` for jobs not submitted through a front
@@ -58,7 +60,7 @@ use sluice_runtime::analyze::{TASK_METRICS, TaskMetrics};
 use sluice_runtime::{DriverHandle, JobRecord, StageSummary, TaskRecord, stage_summaries};
 use tokio::sync::watch;
 
-use crate::rest_guard::{Caller, Guard, GuardState, basic_credentials, token_of};
+use crate::rest_guard::{Caller, Guard, GuardState, SessionToken, basic_credentials, token_of};
 use crate::service::workers_json;
 use crate::sessions::Sessions;
 use crate::tls::FrontDoorTls;
@@ -332,8 +334,9 @@ async fn job(
     let Some(record) = records.iter().find(|r| r.job == id) else {
         return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
     };
+    // Another user's job is not there for this caller.
     if !caller.may_see(owner(record)) {
-        return foreign(id);
+        return failure(StatusCode::NOT_FOUND, format!("no job {id}"));
     }
     let mut body = job_json(record);
     let summaries = stage_summaries(&record.stage_tasks, &record.attempts);
@@ -522,6 +525,7 @@ async fn events(
         sessions, stopping, ..
     }): State<RestState>,
     Extension(caller): Extension<Caller>,
+    token: Option<Extension<SessionToken>>,
 ) -> axum::response::sse::Sse<
     impl futures::Stream<
         Item = std::result::Result<axum::response::sse::Event, std::convert::Infallible>,
@@ -534,9 +538,16 @@ async fn events(
         (sessions, seen, true),
         move |(sessions, mut seen, first)| {
             let caller = caller.clone();
+            let token = token.clone();
             async move {
                 if !first {
                     tokio::time::sleep(EVENTS_EVERY).await;
+                }
+                // A stream opened with a session's token ends with the session (logout, expiry).
+                if let Some(Extension(SessionToken(token))) = &token
+                    && sessions.user_of_token(token).is_none()
+                {
+                    return None;
                 }
                 let mut jobs = records(&sessions).await.unwrap_or_default();
                 jobs.retain(|job| caller.may_see(owner(job)));

@@ -243,6 +243,11 @@ fn user_caller(sessions: &Sessions, user: String) -> Caller {
     Caller::User { name: user, role }
 }
 
+/// The session token a request was authenticated with (a request extension, absent for Basic
+/// credentials): what lives as long as a session (an event stream) ends with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionToken(pub String);
+
 /// The middleware: see the module docs.
 pub async fn guard(
     State(state): State<GuardState>,
@@ -308,7 +313,10 @@ pub async fn guard(
         user_caller(&state.sessions, user)
     } else if let Some(token) = token_of(headers) {
         match state.sessions.user_of_token(&token) {
-            Some(user) => user_caller(&state.sessions, user),
+            Some(user) => {
+                request.extensions_mut().insert(SessionToken(token));
+                user_caller(&state.sessions, user)
+            }
             None => return refuse(StatusCode::UNAUTHORIZED, "unknown or expired session token"),
         }
     } else {

@@ -68,13 +68,18 @@ fn get(address: &str, path: &str) -> Value {
 
 /// A connection subscribed to `/api/v1/events`, its reads waiting 10 s at most.
 fn subscribe(address: &str) -> std::net::TcpStream {
+    subscribe_with(address, "")
+}
+
+/// [`subscribe`] with one more header line (`Name: value\r\n`).
+fn subscribe_with(address: &str, header: &str) -> std::net::TcpStream {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
     write!(
         stream,
-        "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\n{header}Connection: close\r\n\r\n"
     )
     .unwrap();
     stream
@@ -343,10 +348,7 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
     let (status, _, body) = http("GET", "/api/v1/jobs/2".into(), jobs("ann"))
         .await
         .unwrap();
-    assert_eq!(
-        (status, &body["error"]),
-        (403, &json!("job 2 belongs to another user"))
-    );
+    assert_eq!((status, &body["error"]), (404, &json!("no job 2")));
     let (status, _, body) = http("POST", "/api/v1/jobs/3/cancel".into(), jobs("ann"))
         .await
         .unwrap();
@@ -410,17 +412,11 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
     let events = {
         let address = rest.address().to_string();
         tokio::task::spawn_blocking(move || {
-            let mut stream = std::net::TcpStream::connect(&address).unwrap();
+            let header = format!("Authorization: {}\r\n", basic("ann"));
+            let mut stream = subscribe_with(&address, &header);
             stream
                 .set_read_timeout(Some(std::time::Duration::from_secs(1)))
                 .unwrap();
-            write!(
-                stream,
-                "GET /api/v1/events HTTP/1.1\r\nHost: {address}\r\nAuthorization: {}\r\n\
-                 Connection: close\r\n\r\n",
-                basic("ann")
-            )
-            .unwrap();
             let mut text = Vec::new();
             // Read until the stream goes quiet for a second (it stays open).
             let _ = stream.read_to_end(&mut text);
@@ -484,6 +480,17 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
     .await
     .unwrap();
     assert_eq!((status, job_ids(&body)), (200, vec![1]));
+    // An event stream opened with the token ends when its session does.
+    let stream = {
+        let address = rest.address().to_string();
+        let token = token.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut stream = subscribe_with(&address, &format!("Cookie: sluice_token={token}\r\n"));
+            let mut text = Vec::new();
+            stream.read_to_end(&mut text).map(|_| text.len())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let (status, _, _) = http(
         "POST",
         "/api/v1/logout".into(),
@@ -502,6 +509,11 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
     assert_eq!(
         (status, &body["error"]),
         (401, &json!("unknown or expired session token"))
+    );
+    let read = stream.await.unwrap();
+    assert!(
+        read.is_ok(),
+        "the event stream outlived its session: {read:?}"
     );
     rest.stop().await;
 }

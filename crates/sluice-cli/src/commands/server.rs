@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use sluice_engine::access::{Location, Roots};
+use sluice_engine::access::{Roots, listed};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceSession};
 use sluice_server::limits::ServerLimits;
 use sluice_server::login_limit::LoginLimits;
@@ -59,10 +59,10 @@ pub struct ServerArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_jobs: Option<u32>,
     /// With --users: failed logins allowed per user name and per client address within a minute,
-    /// on both front doors; past them that name or address is refused for a minute, before any
-    /// password is checked.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_failed_logins: u32,
+    /// on every door; past them that name or address is refused for a minute, before any
+    /// password is checked (config `max_failed_logins`, default 5).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_failed_logins: Option<u32>,
     /// User accounts, one `name:verifier [role]` line each (`sluice hash-password` prints a
     /// verifier; the role is reader, writer or admin, reader if left out): every client must log
     /// in. Without it anyone on this machine may connect, as an admin.
@@ -129,7 +129,7 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
                 );
             }
             eprintln!(
-                "sluice server: non-admins read under {} and write under {}",
+                "sluice server: read roots: {}; write roots: {}",
                 listed(roots.read()),
                 listed(roots.write())
             );
@@ -148,7 +148,11 @@ async fn serve(args: ServerArgs, config: SluiceConfig) -> Result<ExitCode> {
             .with_roots(roots)
             .with_limits(ServerLimits::of(&config))
             .with_login_limits(LoginLimits {
-                failures: usize::try_from(args.max_failed_logins).unwrap_or(usize::MAX),
+                failures: args
+                    .max_failed_logins
+                    .map_or(config.max_failed_logins.value, |n| {
+                        usize::try_from(n).unwrap_or(usize::MAX)
+                    }),
                 ..LoginLimits::default()
             }),
     );
@@ -229,17 +233,6 @@ fn roots_of(args: &ServerArgs, config: &SluiceConfig) -> Result<Roots> {
     }
     let write = pick(&args.write_roots, &config.write_roots.value);
     Roots::parse(&read, &write)
-}
-
-fn listed(roots: &[Location]) -> String {
-    if roots.is_empty() {
-        return "no root".to_string();
-    }
-    roots
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// SIGTERM (registered when made) or Ctrl-C.
