@@ -278,10 +278,11 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
     let address = rest.address().to_string();
     assert_eq!(run_as(sessions.base(), "ann", "select 1").await, Ok(1));
     assert_eq!(run_as(sessions.base(), "bob", "select 2").await, Ok(1));
-    // bob's long query runs while the checks below try to cancel it.
+    // bob's long query runs while the checks below try to cancel it (dropped with the test if
+    // an assertion fails first, which cancels its job).
     let long = {
         let sessions = Arc::clone(&sessions);
-        tokio::spawn(async move {
+        datafusion::common::runtime::SpawnedTask::spawn(async move {
             run_as(
                 sessions.base(),
                 "bob",
@@ -406,7 +407,7 @@ async fn with_accounts_the_api_needs_credentials_checks_host_and_origin_and_show
         .await
         .unwrap();
     assert_eq!((status, &body), (200, &json!({"cancelled": true})));
-    let ended = long.await.unwrap().unwrap_err();
+    let ended = long.join().await.unwrap().unwrap_err();
     assert!(ended.contains("was cancelled (REST API)"), "{ended}");
     // Their event stream shows a user only their own jobs: every job once on connect.
     let events = {
