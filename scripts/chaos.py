@@ -67,8 +67,10 @@ def run_query(args, query, disturb, iterations=1):
             "-q", str(query), "--iterations", str(iterations), "--compare-local",
             "--json", report_path,
         ]
+        # Worker join lines go to the log (target sluice::cluster, info), not to the terminal.
+        env = dict(os.environ, SLUICE_LOG="sluice::cluster=info")
         client = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         stderr = client.stderr
         client.stderr = None  # read by the thread below only (communicate reads stdout)

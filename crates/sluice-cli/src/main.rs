@@ -24,10 +24,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sluice_cluster::TlsFiles;
+use sluice_engine::config::{ClusterManagerKind, ExchangeMode, FlightCompression};
 use sluice_engine::config::{
     ConfigLayer, parse_duration, parse_memory_limit, parse_setting, parse_task_attempts,
 };
-use sluice_engine::config::{ExchangeMode, FlightCompression};
 use sluice_engine::joins::JoinStrategy;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
@@ -49,7 +49,10 @@ struct Cli {
 #[derive(Debug, Args)]
 struct GlobalArgs {
     /// TOML configuration file (keys: mode, memory_limit, workers, flight_compression, exchange,
-    /// joins, driver_listen, min_workers, capacity_wait, max_task_attempts, read_roots,
+    /// joins, driver_listen, min_workers, max_workers, worker_idle_timeout, slots,
+    /// cluster_manager, kubernetes_namespace, kubernetes_image, kubernetes_pod_template,
+    /// kubernetes_secret, kubernetes_service_account, kubernetes_driver_address, capacity_wait,
+    /// max_task_attempts, read_roots,
     /// write_roots, result_buffer, max_parameter_bytes, max_prepared_statements,
     /// prepared_statement_idle, max_sessions_per_user, max_failed_logins, [session]; see
     /// `sluice config`).
@@ -75,9 +78,27 @@ struct GlobalArgs {
     /// Cluster mode: where the driver listens for workers (default 127.0.0.1 on a free port).
     #[arg(long, global = true, value_name = "ADDR")]
     driver_listen: Option<String>,
-    /// Cluster mode: workers that must have joined before the first query runs (default: --workers).
+    /// Cluster mode: workers that must have joined before the first query runs, and the fewest
+    /// kept when idle (default: --workers).
     #[arg(long, global = true, value_name = "N")]
     min_workers: Option<usize>,
+    /// Cluster mode: the most workers started while task regions wait for task slots (default: the
+    /// larger of --workers and --min-workers; workers started elsewhere may join beyond it).
+    #[arg(long, global = true, value_name = "N", value_parser = parse_workers_flag)]
+    max_workers: Option<usize>,
+    /// Cluster mode: how long a started worker may stay idle (no task running, no output of a
+    /// running job held) before it is let go, down to --min-workers (default 60s).
+    #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
+    worker_idle_timeout: Option<Duration>,
+    /// Task slots of each worker: `sluice worker`'s own, or each worker cluster mode starts
+    /// (default 64: a pipelined task region runs all its tasks at once).
+    #[arg(long, global = true, value_name = "N", value_parser = parse_slots_flag)]
+    slots: Option<usize>,
+    /// Cluster mode: where workers come from: process (children of this process, the default) or
+    /// kubernetes (worker pods; needs a build with the `kubernetes` feature, as the container
+    /// image has; the kubernetes_* configuration keys say which image, namespace and template).
+    #[arg(long, global = true, value_name = "MANAGER")]
+    cluster_manager: Option<ClusterManagerKind>,
     /// Distributed modes: how long a task region that needs more task slots than the live workers
     /// have waits for workers to join or be replaced before its job fails (default 60s).
     #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
@@ -180,6 +201,17 @@ impl GlobalArgs {
             joins: self.joins,
             driver_listen: self.driver_listen.clone().map(Some),
             min_workers: self.min_workers.map(Some),
+            max_workers: self.max_workers.map(Some),
+            worker_idle_timeout: self.worker_idle_timeout,
+            slots: self.slots.map(Some),
+            cluster_manager: self.cluster_manager,
+            // The configuration file (as a Kubernetes ConfigMap) and the environment only.
+            kubernetes_namespace: None,
+            kubernetes_image: None,
+            kubernetes_pod_template: None,
+            kubernetes_secret: None,
+            kubernetes_service_account: None,
+            kubernetes_driver_address: None,
             capacity_wait: self.capacity_wait,
             max_task_attempts: self.max_task_attempts,
             // `sluice server --read-root/--write-root` take these over the configuration's.
@@ -195,7 +227,55 @@ impl GlobalArgs {
             session,
         };
         config.apply(flags, "command line")?;
+        if config.cluster_manager.value == ClusterManagerKind::Kubernetes {
+            if !sluice_cluster::KUBERNETES {
+                return Err(SluiceError::Config {
+                    source_name: config.cluster_manager.source.clone(),
+                    message: "this sluice was built without Kubernetes support: build it with \
+                              --features sluice-cli/kubernetes (the Dockerfile does)"
+                        .to_string(),
+                });
+            }
+            // Worker pods serve the cluster mode.
+            match (config.mode.value, config.mode.source.as_str()) {
+                (ExecutionMode::Cluster, _) => {}
+                (_, "default") => {
+                    config.mode.value = ExecutionMode::Cluster;
+                    config.mode.source = config.cluster_manager.source.clone();
+                }
+                (other, source) => {
+                    return Err(SluiceError::Config {
+                        source_name: source.to_string(),
+                        message: format!(
+                            "cluster_manager kubernetes runs worker pods for --mode cluster, \
+                             not --mode {}",
+                            other.name()
+                        ),
+                    });
+                }
+            }
+        }
+        if let (Some(max), Some(min)) = (config.max_workers.value, config.min_workers.value)
+            && max < min
+        {
+            return Err(SluiceError::Config {
+                source_name: config.max_workers.source.clone(),
+                message: format!(
+                    "max_workers ({max}) is below min_workers ({min}): the floor cannot be above \
+                     the ceiling"
+                ),
+            });
+        }
         Ok(config)
+    }
+}
+
+fn parse_slots_flag(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "'{text}' is not a number of task slots (at least 1)"
+        )),
     }
 }
 

@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::ipc::CompressionType;
 use sluice_cluster::{
-    ClusterOptions, ClusterSecret, ClusterTls, LocalClusterRunner, ProcessClusterOptions,
-    ProcessClusterRunner, TlsFiles,
+    ClusterOptions, ClusterSecret, ClusterTls, KubernetesOptions, LocalClusterRunner,
+    ProcessClusterOptions, ProcessClusterRunner, TlsFiles,
 };
-use sluice_engine::config::FlightCompression;
+use sluice_engine::config::{ClusterManagerKind, FlightCompression};
 use sluice_engine::{ExecutionMode, Result, SluiceConfig, SluiceError};
 use sluice_runtime::{
     DriverOptions, JobRunner, LocalGraphOptions, LocalGraphRunner, LocalRunner, WorkerOptions,
@@ -52,6 +52,14 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             let mut options = ProcessClusterOptions::new(executable, workers);
             options.driver = driver_options(config);
             options.min_workers = config.min_workers.value.unwrap_or(workers);
+            options.max_workers = config
+                .max_workers
+                .value
+                .unwrap_or(workers.max(options.min_workers));
+            options.idle_timeout = config.worker_idle_timeout.value;
+            if let Some(slots) = config.slots.value {
+                options.slots = slots;
+            }
             if let Some(listen) = &config.driver_listen.value {
                 options.driver_listen = listen.clone();
             }
@@ -61,6 +69,16 @@ pub fn runner_for(config: &SluiceConfig) -> Arc<dyn JobRunner> {
             options.secret = given_secret();
             options.tls = given_tls();
             options.worker_env = crate::logging::worker_env();
+            if config.cluster_manager.value == ClusterManagerKind::Kubernetes {
+                options.kubernetes = Some(KubernetesOptions {
+                    namespace: config.kubernetes_namespace.value.clone(),
+                    image: config.kubernetes_image.value.clone(),
+                    service_account: config.kubernetes_service_account.value.clone(),
+                    pod_template: config.kubernetes_pod_template.value.clone().map(Into::into),
+                    secret: config.kubernetes_secret.value.clone(),
+                    driver_address: config.kubernetes_driver_address.value.clone(),
+                });
+            }
             Arc::new(ProcessClusterRunner::with_options(options))
         }
     }

@@ -60,8 +60,10 @@ impl Drop for Client {
 }
 
 impl Client {
+    /// Runs `sluice args`, with the cluster's log lines (workers joining and leaving) on stderr.
     fn start(args: &[&str]) -> Self {
         let mut child = sluice()
+            .env("SLUICE_LOG", "sluice::cluster=info")
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -236,17 +238,11 @@ fn the_process_cluster_manager_starts_drains_and_stops_worker_processes() {
         manager.drain(workers[1].id).await.unwrap();
         let left = until_workers(&cluster, 1).await;
         assert_eq!(left[0].id, workers[0].id);
-        // It drained (the driver heard so) and left, rather than stopping at once.
+        // It drained and left, rather than stopping at once: a departure, not a loss (the log
+        // says so; no notice for the user, no lost worker counted).
         let notices = cluster.driver().take_notices().await.unwrap();
-        let second = format!("{} ({})", workers[1].id, workers[1].address);
-        assert!(
-            notices.contains(&format!("{second} is draining")),
-            "{notices:?}"
-        );
-        assert!(
-            notices.contains(&format!("{second} lost: it drained and left")),
-            "{notices:?}"
-        );
+        assert_eq!(notices, Vec::<String>::new());
+        assert_eq!(cluster.snapshot().await.unwrap().counters.workers_lost, 0);
         assert_eq!(
             wait_until_gone(&pids[1..], Duration::from_secs(10)),
             Vec::<u32>::new()
@@ -894,4 +890,158 @@ fn a_worker_killed_while_an_insert_writes_a_delta_table_adds_every_row_in_one_ve
         delta_groups(after["latest"]["all"].as_str().unwrap()),
         expected
     );
+}
+
+/// Counts `parent`'s worker processes every 50 ms until `stop` is set: each count with when it was
+/// seen, in order.
+fn count_workers_until(
+    parent: u32,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<(Instant, usize)> {
+    let mut counts = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        counts.push((Instant::now(), worker_pids(parent).len()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    counts
+}
+
+#[test]
+fn a_cluster_starts_workers_while_regions_wait_and_lets_idle_ones_go_after_the_timeout() {
+    let server = common::Server::start(
+        &[
+            "--mode",
+            "cluster",
+            "--workers",
+            "1",
+            "--min-workers",
+            "1",
+            "--max-workers",
+            "4",
+            "--slots",
+            "8",
+            "--worker-idle-timeout",
+            "2s",
+        ],
+        sf01(),
+    );
+    let pid = server.pid();
+    assert_eq!(worker_pids(pid).len(), 1, "one worker at the start");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let counter = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || count_workers_until(pid, &stop))
+    };
+    // All 22 queries, each compared with local mode (the server's regions have up to 19 tasks
+    // here: they cannot run on one 8-slot worker).
+    let run = sluice()
+        .args(["tpch", "run", "--connect", &server.url])
+        .args(["--data", sf01().to_str().unwrap(), "--compare-local"])
+        .output()
+        .unwrap();
+    let ran = Instant::now();
+    let stdout = text(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", text(&run.stderr));
+    assert!(stdout.contains("22 passed, 0 failed"), "{stdout}");
+    // Idle for the timeout (2 s), the extra workers are let go: back to the floor of 1.
+    let deadline = ran + Duration::from_secs(20);
+    while worker_pids(pid).len() > 1 {
+        assert!(Instant::now() < deadline, "{:?}", worker_pids(pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let counts = counter.join().unwrap();
+    let peak = counts.iter().map(|(_, n)| *n).max().unwrap();
+    assert!(
+        (2..=4).contains(&peak),
+        "more workers while regions waited, at most 4: {peak}"
+    );
+    // The count fell back to 1 and stayed there (at least 2 s of samples).
+    let last_above = counts.iter().rev().find(|(_, n)| *n > 1).unwrap().0;
+    let after: Vec<usize> = counts
+        .iter()
+        .filter(|(at, _)| *at > last_above)
+        .map(|(_, n)| *n)
+        .collect();
+    assert!(
+        after.len() >= 40 && after.iter().all(|n| *n == 1),
+        "{after:?}"
+    );
+    let _ = server.stop();
+    assert_eq!(worker_pids(pid), Vec::<u32>::new());
+}
+
+/// The interactive shell, driven in a pseudo-terminal (`python/shell_pty.py` types the lines and
+/// prints the screen the terminal ends with), in cluster mode: its results and nothing else — no
+/// worker join lines (they are log lines), no progress line left above a result.
+#[test]
+fn the_shell_in_cluster_mode_shows_results_without_worker_lines_or_a_stale_progress_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = dir.path().join("lines");
+    std::fs::write(
+        &lines,
+        "select count(*) as n from nation;\nselect r_name from region order by r_name;\n\\q\n",
+    )
+    .unwrap();
+    let mut command = Command::new("python3");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("SLUICE_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/shell_pty.py"
+        ))
+        .arg(&lines)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--mode", "cluster", "--workers", "2", "sql", "--data"])
+        .arg(sf01())
+        // The shell's history file goes there.
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    let screen = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{screen}\n{}",
+        text(&output.stderr)
+    );
+    // Timings vary: "1 row in 0.073s" → "1 row in <t>s".
+    let screen: String = screen
+        .lines()
+        .map(|line| match line.split_once(" in ") {
+            Some((count, time)) if line.contains(" row") && time.ends_with('s') => {
+                format!("{count} in <t>s\n")
+            }
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    let expected = format!(
+        "Sluice {} · cluster mode · 8 tables. End statements with ';', \\? for help, \\q to quit.\n\
+         sluice> select count(*) as n from nation;\n\
+         +----+\n\
+         | n  |\n\
+         +----+\n\
+         | 25 |\n\
+         +----+\n\
+         1 row in <t>s\n\
+         sluice> select r_name from region order by r_name;\n\
+         +-------------+\n\
+         | r_name      |\n\
+         +-------------+\n\
+         | AFRICA      |\n\
+         | AMERICA     |\n\
+         | ASIA        |\n\
+         | EUROPE      |\n\
+         | MIDDLE EAST |\n\
+         +-------------+\n\
+         5 rows in <t>s\n\
+         sluice> \\q\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(screen, expected);
 }

@@ -171,6 +171,8 @@ fn a_task_that_kills_every_worker_it_lands_on_fails_its_job_at_the_attempt_limit
         // Every worker id a replacement can get: each one dies at its first output.
         .env("SLUICE_FAILPOINTS", "producer_mid_stream=exit")
         .env("SLUICE_FAILPOINTS_WORKERS", "1,2,3,4,5,6,7,8,9,10,11,12")
+        // Workers' join lines are log lines (info) of the cluster.
+        .env("SLUICE_LOG", "sluice::cluster=info")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -193,7 +195,7 @@ fn a_task_that_kills_every_worker_it_lands_on_fails_its_job_at_the_attempt_limit
     );
     // The dead workers were replaced: worker process 3 is the first replacement.
     assert!(
-        stderr.contains("[worker process 3] sluice worker "),
+        stderr.contains("worker process 3: sluice worker "),
         "replacements joined: {stderr}"
     );
 }

@@ -56,6 +56,9 @@ impl GrpcWorkerClient {
         let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         Ok(WorkerState {
             address: self.address.clone(),
+            id: None,
+            state: String::new(),
+            started_ms: None,
             running_tasks: count(state.running_tasks),
             live_attempts: count(state.live_attempts),
             stream_outputs: count(state.stream_outputs),

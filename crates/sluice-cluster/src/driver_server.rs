@@ -132,7 +132,8 @@ impl ClusterDriver {
             workers.push(
                 GrpcWorkerClient::new(&worker.address, link)?
                     .state()
-                    .await?,
+                    .await?
+                    .seen_by_driver(worker),
             );
         }
         Ok(ClusterState { driver, workers })

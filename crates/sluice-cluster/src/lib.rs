@@ -18,7 +18,9 @@
 //! (the stream's Arrow IPC encoding),
 //! `worker_server` and `driver_server` (the services), `net` (listening and connecting),
 //! [`LocalCluster`] and [`LocalClusterRunner`] (in-process), [`ProcessCluster`],
-//! [`ProcessClusterRunner`] and `worker_process` (`sluice worker`: separate processes).
+//! [`ProcessClusterRunner`] and `worker_process` (`sluice worker`: separate processes), whose
+//! workers come from `process_workers` (child processes) or, with the `kubernetes` feature,
+//! `kubernetes` (worker pods).
 
 pub mod proto;
 
@@ -27,6 +29,9 @@ mod client;
 mod driver_server;
 mod flight;
 mod flight_ipc;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
+mod kubernetes_options;
 mod local_cluster;
 mod net;
 mod process_cluster;
@@ -39,7 +44,11 @@ mod worker_process;
 mod worker_server;
 
 pub use auth::{ClusterLink, ClusterSecret, ClusterTls, TlsFiles};
+pub use kubernetes_options::{DEFAULT_IMAGE, DEFAULT_SECRET, KubernetesOptions};
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
+
+/// Whether this build can run worker pods on Kubernetes (the `kubernetes` feature).
+pub const KUBERNETES: bool = cfg!(feature = "kubernetes");
 pub use process_cluster::{ProcessCluster, ProcessClusterOptions};
 pub use process_workers::{DRAIN_LINE, ProcessWorkers};
 pub use runner::{LocalClusterRunner, ProcessClusterRunner};

@@ -6,15 +6,19 @@
 //!                 ProcessWorkers (its ClusterManager) ── spawns, stdin piped ──►  (children)
 //! ```
 //!
-//! The children, their pipes and their replacement belong to `process_workers`.
+//! The children and their pipes belong to `process_workers`; how many there are, to the
+//! autoscaler (`sluice_runtime::scaling`) over them: `workers` at the start, more (up to
+//! `max_workers`) while task regions wait for slots, idle ones let go after `idle_timeout` down to
+//! `min_workers`.
 //!
 //! Invariants: a spawned worker never outlives this process: it exits when its stdin reaches end of
 //! file, which the kernel delivers however this process ends (exit, panic, SIGKILL); the cluster
 //! starts only once `min_workers` workers registered, and a child that exits before that fails the
-//! start with what it printed; a spawned worker that dies after it joined is replaced by a new
-//! process (so the cluster keeps its worker count, and a task that kills its workers fails its job
-//! by its attempt limit, not by running out of workers), at most one replacement a second; dropping
-//! the cluster stops replacing and ends every child, waiting for each to exit.
+//! start with what it printed; while fewer than `min_workers` are live, a new process is started
+//! in place of one that died (so a task that kills its workers fails its job by its attempt
+//! limit, not by running out of workers), at most one a second; with `workers` 0 the cluster only
+//! waits for workers started elsewhere and starts none; dropping the cluster stops the autoscaler
+//! first and then ends every child, waiting for each to exit.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,12 +29,14 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use sluice_planner::{JobGraph, OutputMode};
+use sluice_runtime::cluster_manager::ClusterManager;
 use sluice_runtime::runner::ClusterState;
+use sluice_runtime::scaling::{ScalingLimits, autoscale};
 use sluice_runtime::{DriverHandle, DriverOptions, DriverSnapshot, JobProgress, WorkerOptions};
 
 use crate::auth::{ClusterLink, ClusterSecret, ClusterTls};
 use crate::driver_server::ClusterDriver;
-use crate::process_workers::{ProcessWorkers, SpawnContext, supervise};
+use crate::process_workers::{ProcessWorkers, SpawnContext, reap};
 use crate::worker_process::remove_stale;
 
 /// How to start a cluster of processes.
@@ -40,8 +46,13 @@ pub struct ProcessClusterOptions {
     pub executable: PathBuf,
     /// Worker processes to start.
     pub workers: usize,
-    /// Workers that must have registered before the first job runs (spawned or external).
+    /// Workers that must have registered before the first job runs (spawned or external), and
+    /// the floor the autoscaler keeps.
     pub min_workers: usize,
+    /// The most worker processes the autoscaler keeps (workers started elsewhere may join beyond).
+    pub max_workers: usize,
+    /// How long a spawned worker stays idle before it is let go (down to `min_workers`).
+    pub idle_timeout: Duration,
     /// Where the driver listens (`host:port`; port 0 picks one).
     pub driver_listen: String,
     /// The driver's options.
@@ -66,6 +77,9 @@ pub struct ProcessClusterOptions {
     /// Environment variables set on each spawned worker, over those it inherits (the client's
     /// log format and trace export).
     pub worker_env: Vec<(String, String)>,
+    /// Workers as Kubernetes pods instead of child processes (`--cluster-manager kubernetes`;
+    /// a build without the `kubernetes` feature refuses it).
+    pub kubernetes: Option<crate::KubernetesOptions>,
 }
 
 impl ProcessClusterOptions {
@@ -75,6 +89,8 @@ impl ProcessClusterOptions {
             executable,
             workers,
             min_workers: workers,
+            max_workers: workers,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             driver_listen: "127.0.0.1:0".to_string(),
             driver: DriverOptions::default(),
             slots: WorkerOptions::default().slots,
@@ -86,9 +102,13 @@ impl ProcessClusterOptions {
             secret: None,
             tls: None,
             worker_env: Vec::new(),
+            kubernetes: None,
         }
     }
 }
+
+/// The default [`ProcessClusterOptions::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The driver and its worker processes; see the module docs.
 pub struct ProcessCluster {
@@ -97,15 +117,27 @@ pub struct ProcessCluster {
     link: ClusterLink,
     /// Its cluster manager: the worker processes it started.
     workers: ProcessWorkers,
-    /// Replaces children that died after they joined; stopped first when the cluster drops.
-    supervisor: Option<SpawnedTask<()>>,
+    /// Starts and lets go of workers (none with `workers` 0); stopped first when the cluster
+    /// drops.
+    autoscaler: Option<SpawnedTask<()>>,
+    /// Reaps children that ended.
+    reaper: Option<SpawnedTask<()>>,
+    /// The worker pods, with the task watching them (`--cluster-manager kubernetes`).
+    #[cfg(feature = "kubernetes")]
+    pods: Option<(crate::kubernetes::KubernetesWorkers, SpawnedTask<()>)>,
     /// The spawned workers' work directory; dropped after them (fields drop in order).
     _work_dir: WorkDir,
 }
 
 impl Drop for ProcessCluster {
     fn drop(&mut self) {
-        drop(self.supervisor.take());
+        drop(self.autoscaler.take());
+        drop(self.reaper.take());
+        #[cfg(feature = "kubernetes")]
+        if let Some((pods, watch)) = self.pods.take() {
+            drop(watch);
+            pods.delete_all_blocking();
+        }
         self.workers.stop_now();
     }
 }
@@ -168,24 +200,84 @@ impl ProcessCluster {
         .await?;
         let work_dir = WorkDir::create()?;
         let (ended, ended_rx) = tokio::sync::mpsc::unbounded_channel();
+        if options.kubernetes.is_some() && !crate::KUBERNETES {
+            return Err(DataFusionError::Configuration(
+                "this build has no Kubernetes support (the `kubernetes` feature)".to_string(),
+            ));
+        }
+        let mut process_options = options.clone();
+        if options.kubernetes.is_some() {
+            // Pods instead of child processes.
+            process_options.workers = 0;
+        }
         let workers = ProcessWorkers::start(SpawnContext {
-            options: options.clone(),
+            options: process_options,
             driver_address: local_address(driver.address()),
             handle: driver.driver().handle().clone(),
             link: link.clone(),
             work_dir: work_dir.0.clone(),
             ended,
         })?;
-        let supervisor = SpawnedTask::spawn(supervise(workers.clone(), ended_rx));
+        let reaper = SpawnedTask::spawn(reap(workers.clone(), ended_rx));
         let mut cluster = Self {
             driver,
             link: link.clone(),
             workers,
-            supervisor: Some(supervisor),
+            autoscaler: None,
+            reaper: Some(reaper),
+            #[cfg(feature = "kubernetes")]
+            pods: None,
             _work_dir: work_dir,
         };
+        let mut manager: Arc<dyn ClusterManager> = Arc::new(cluster.workers.clone());
+        #[cfg(feature = "kubernetes")]
+        if let Some(kubernetes) = &options.kubernetes {
+            let pods = cluster.start_pods(kubernetes, &options).await?;
+            manager = Arc::new(pods);
+        }
         cluster.wait_for_workers(&options).await?;
+        if options.workers > 0 {
+            let limits = ScalingLimits {
+                min_workers: options.min_workers,
+                max_workers: options.max_workers.max(options.min_workers),
+                slots_per_worker: options.slots,
+                idle_timeout: options.idle_timeout,
+                start_timeout: options.startup_timeout,
+                restart_interval: Duration::from_secs(1),
+            };
+            let handle = cluster.driver.driver().handle().clone();
+            cluster.autoscaler = Some(SpawnedTask::spawn(autoscale(handle, manager, limits)));
+        }
         Ok(cluster)
+    }
+
+    /// Connects to Kubernetes, creates the first `workers` pods and starts watching them.
+    #[cfg(feature = "kubernetes")]
+    async fn start_pods(
+        &mut self,
+        kubernetes: &crate::KubernetesOptions,
+        options: &ProcessClusterOptions,
+    ) -> Result<crate::kubernetes::KubernetesWorkers> {
+        use crate::kubernetes::{KubernetesWorkers, ManagerContext};
+        let bound = self.driver.address().to_string();
+        let driver_port = bound
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or(0);
+        let context = ManagerContext {
+            slots: options.slots,
+            memory_limit: options.memory_limit,
+            extra_args: worker_flags(options),
+            env: options.worker_env.clone(),
+            driver_port,
+            driver_local: local_address(&bound),
+            pending_limit: options.driver.capacity_wait,
+        };
+        let pods = KubernetesWorkers::connect(kubernetes, context).await?;
+        let watch = SpawnedTask::spawn(pods.clone().watch(self.driver().clone()));
+        self.pods = Some((pods.clone(), watch));
+        pods.start_workers(options.workers).await?;
+        Ok(pods)
     }
 
     /// Waits until `min_workers` registered. A spawned worker that registered counts even if it
@@ -198,9 +290,28 @@ impl ProcessCluster {
             if self.enough_joined(registered, options.min_workers)? {
                 return Ok(());
             }
+            // A worker pod that ended before it registered fails the start, as a worker process
+            // does.
+            #[cfg(feature = "kubernetes")]
+            if let Some(ended) = self
+                .pods
+                .as_ref()
+                .and_then(|(pods, _)| pods.ended_unregistered())
+            {
+                return Err(DataFusionError::Execution(format!("kubernetes: {ended}")));
+            }
             if Instant::now() > deadline {
+                #[cfg(feature = "kubernetes")]
+                let why = self
+                    .pods
+                    .as_ref()
+                    .and_then(|(pods, _)| pods.problem())
+                    .map(|problem| format!(": {problem}"))
+                    .unwrap_or_default();
+                #[cfg(not(feature = "kubernetes"))]
+                let why = "";
                 return Err(sluice_runtime::error::transport_error(format!(
-                    "{registered} of {} workers registered with the driver at {} within {} s",
+                    "{registered} of {} workers registered with the driver at {} within {} s{why}",
                     options.min_workers,
                     self.driver.address(),
                     options.startup_timeout.as_secs()
@@ -258,6 +369,22 @@ impl ProcessCluster {
     pub fn driver(&self) -> &DriverHandle {
         self.driver.driver().handle()
     }
+}
+
+/// The `sluice worker` flags every started worker gets besides its driver, address and slots.
+pub(crate) fn worker_flags(options: &ProcessClusterOptions) -> Vec<String> {
+    let mut flags = vec![
+        "--heartbeat-interval-ms".to_string(),
+        options.heartbeat_interval.as_millis().to_string(),
+    ];
+    if let Some(compression) = options.compression {
+        let name = match compression {
+            CompressionType::ZSTD => "zstd",
+            _ => "lz4",
+        };
+        flags.extend(["--flight-compression".to_string(), name.to_string()]);
+    }
+    flags
 }
 
 /// The address a worker on this machine reaches the driver at.

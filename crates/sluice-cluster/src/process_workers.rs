@@ -4,14 +4,18 @@
 //! ```text
 //!   ProcessWorkers ── spawn ──► sluice worker --exit-with-stdin (child)
 //!      stdin:  "SLUICE WORKER <n> <secret>", then held open; "DRAIN" asks it to drain; EOF stops it
-//!      stderr: relayed as "[worker process n] …"; its join line gives its worker id; its end
-//!              tells the driver (the process ended) and the supervisor (replace it)
+//!      stderr: its own lines ("sluice worker 3 (…) joined …", why it exits) go to the log
+//!              (target sluice::cluster, info); anything else is relayed as "[worker process n] …";
+//!              its join line gives its worker id; its end tells the driver (the process ended)
+//!              and the reaper
 //! ```
 //!
 //! Invariants: a child never outlives this process (its stdin closes however this process ends);
 //! `stop` closes every stdin and returns only after every child exited (killed after 2 s); once
 //! stopping, nothing more is started; a child that exits before it printed its join line is kept
-//! listed (the start reports it with what it printed) and never replaced.
+//! listed (the start reports it with what it printed) when it is one of the first, and reaped
+//! otherwise; replacing a child that died is the autoscaler's decision (`sluice_runtime::scaling`),
+//! not this module's.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -20,7 +24,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::ipc::CompressionType;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result};
 use futures::FutureExt;
@@ -48,8 +51,16 @@ struct Spawned {
     output: Arc<std::sync::Mutex<Vec<String>>>,
     /// Set once its stderr reached its end: `joined` and `output` are final.
     output_ended: Arc<AtomicBool>,
-    /// It was asked to drain: when it exits, it is not replaced.
-    released: bool,
+}
+
+impl Spawned {
+    /// The worker id it registered under, once its join line is in.
+    fn registered_as(&self) -> Option<WorkerId> {
+        self.joined
+            .lock()
+            .ok()
+            .and_then(|line| line.as_deref().and_then(registered_id))
+    }
 }
 
 impl Drop for Spawned {
@@ -68,13 +79,13 @@ impl Drop for Spawned {
     }
 }
 
-/// The spawned worker processes, shared with the supervisor that replaces dead ones.
+/// The spawned worker processes, shared with the reaper.
 struct Children {
     /// Live (or not yet reaped) children.
     spawned: Vec<Spawned>,
     /// The label of the next child (`[worker process N]`).
     next_index: usize,
-    /// The cluster is being dropped: replace nothing more.
+    /// The cluster is being dropped: start nothing more.
     stopping: bool,
 }
 
@@ -155,7 +166,7 @@ impl ProcessWorkers {
         }
         for spawned in children.spawned.iter_mut() {
             // Only once its output ended: a worker that printed its join line and then exited
-            // is replaced by the supervisor, not an error of the start.
+            // is replaced by the autoscaler, not an error of the start.
             if !spawned.output_ended.load(Ordering::Acquire) {
                 continue;
             }
@@ -228,15 +239,13 @@ impl ClusterManager for ProcessWorkers {
         futures::future::ready(started).boxed()
     }
 
-    fn replace(&self) -> BoxFuture<'static, Result<()>> {
-        let started = self.spawn_one().map(|index| {
-            tracing::info!(
-                target: "sluice::cluster",
-                index,
-                "started worker process {index} to replace one that died"
-            );
-        });
-        futures::future::ready(started).boxed()
+    fn manages(&self, worker: WorkerId) -> bool {
+        self.children.lock().is_ok_and(|children| {
+            children
+                .spawned
+                .iter()
+                .any(|s| s.registered_as() == Some(worker))
+        })
     }
 
     fn drain(&self, worker: WorkerId) -> BoxFuture<'static, Result<()>> {
@@ -245,13 +254,7 @@ impl ClusterManager for ProcessWorkers {
             let spawned = children
                 .spawned
                 .iter_mut()
-                .find(|s| {
-                    s.joined
-                        .lock()
-                        .ok()
-                        .and_then(|line| line.as_deref().and_then(registered_id))
-                        == Some(worker)
-                })
+                .find(|s| s.registered_as() == Some(worker))
                 .ok_or_else(|| {
                     DataFusionError::Execution(format!("no worker process registered as {worker}"))
                 })?;
@@ -263,7 +266,6 @@ impl ClusterManager for ProcessWorkers {
                 .map_err(|e| {
                     DataFusionError::Execution(format!("cannot ask {worker} to drain: {e}"))
                 })?;
-            spawned.released = true;
             Ok(())
         })();
         futures::future::ready(asked).boxed()
@@ -291,12 +293,9 @@ fn poisoned() -> DataFusionError {
     DataFusionError::Internal("the cluster's list of worker processes is poisoned".to_string())
 }
 
-/// How long the supervisor waits between two replacements.
-const REPLACEMENT_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Replaces each spawned worker that dies after it joined through the manager, until the cluster
-/// stops. A child that dies before it joined is not replaced (the start reports it).
-pub(crate) async fn supervise(
+/// Reaps each spawned worker whose process ended, until the cluster stops. One of the first
+/// workers that exits before it joined stays listed (the start reports it with what it printed).
+pub(crate) async fn reap(
     workers: ProcessWorkers,
     mut ended: tokio::sync::mpsc::UnboundedReceiver<usize>,
 ) {
@@ -311,46 +310,22 @@ pub(crate) async fn supervise(
             let Some(position) = children.spawned.iter().position(|s| s.index == index) else {
                 continue;
             };
-            let joined = children.spawned[position]
-                .joined
-                .lock()
-                .map(|j| j.is_some())
-                .unwrap_or(false);
+            let spawned = &children.spawned[position];
+            let joined = spawned.joined.lock().map(|j| j.is_some()).unwrap_or(false);
+            if !joined && index <= workers.context.options.workers {
+                continue;
+            }
             if !joined {
-                // One of the first workers stays listed: the start reports it with what it
-                // printed. A later one (a replacement) is reaped and not replaced again, so a
-                // worker that cannot start does not loop.
-                if index > workers.context.options.workers {
-                    let failed = children.spawned.remove(position);
-                    drop(children);
-                    tracing::warn!(
-                        target: "sluice::cluster",
-                        index,
-                        "worker process {index} exited before it registered; not replaced"
-                    );
-                    drop(failed);
-                }
-                continue;
+                tracing::warn!(
+                    target: "sluice::cluster",
+                    index,
+                    "worker process {index} exited before it registered"
+                );
             }
-            let exited = children.spawned.remove(position);
-            if exited.released {
-                // Drained on request: let go, not replaced.
-                drop(children);
-                drop(exited);
-                continue;
-            }
-            exited
+            children.spawned.remove(position)
         };
         // Reaped outside the lock (its process has ended: its stderr closed).
         drop(exited);
-        tokio::time::sleep(REPLACEMENT_INTERVAL).await;
-        if let Err(error) = workers.replace().await {
-            tracing::warn!(
-                target: "sluice::cluster",
-                %error,
-                "cannot start a replacement worker process"
-            );
-        }
     }
 }
 
@@ -370,10 +345,7 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
         .arg("--work-dir")
         .arg(work_dir)
         .args(["--slots", &options.slots.to_string()])
-        .args([
-            "--heartbeat-interval-ms",
-            &options.heartbeat_interval.as_millis().to_string(),
-        ])
+        .args(crate::process_cluster::worker_flags(options))
         .arg("--exit-with-stdin")
         .envs(options.worker_env.iter().map(|(name, value)| (name, value)))
         .stdin(Stdio::piped())
@@ -390,13 +362,6 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
     }
     if let Some(limit) = options.memory_limit {
         command.args(["--memory-limit", &limit.to_string()]);
-    }
-    if let Some(compression) = options.compression {
-        let name = match compression {
-            CompressionType::ZSTD => "zstd",
-            _ => "lz4",
-        };
-        command.args(["--flight-compression", name]);
     }
     let mut child = command.spawn().map_err(|e| {
         DataFusionError::Execution(format!(
@@ -426,8 +391,19 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
                     registered = registered_id(&line);
                     *first = Some(line.clone());
                 }
-                // Not eprintln!: a closed stderr must not end this relay (it reports the exit).
-                let _ = writeln!(std::io::stderr().lock(), "[worker process {index}] {line}");
+                if line.starts_with("sluice ") {
+                    // The worker's own lines (joined, declared lost, exits): workers come and go
+                    // with the load, so these belong in the log, not in the user's terminal.
+                    tracing::info!(
+                        target: "sluice::cluster",
+                        process = index,
+                        "worker process {index}: {line}"
+                    );
+                } else {
+                    // Not eprintln!: a closed stderr must not end this relay (it reports the
+                    // exit).
+                    let _ = writeln!(std::io::stderr().lock(), "[worker process {index}] {line}");
+                }
                 if let Ok(mut lines) = output.lock() {
                     lines.push(line);
                 }
@@ -448,7 +424,6 @@ fn spawn_worker(context: &SpawnContext, index: usize) -> Result<Spawned> {
         joined,
         output,
         output_ended,
-        released: false,
     })
 }
 

@@ -312,7 +312,61 @@ settings! {
     min_workers: Option<usize> = None,
         env "SLUICE_MIN_WORKERS", parse |t| parse_workers(t).map(Some),
         show |n| n.map(|n| n.to_string()),
-        help "cluster mode: workers that must have joined before the first query";
+        help "cluster mode: workers that must have joined before the first query, and the \
+              fewest kept";
+    /// Cluster mode: the most workers its cluster manager keeps (`None`: the larger of `workers`
+    /// and `min_workers`); workers started elsewhere may join beyond it.
+    max_workers: Option<usize> = None,
+        env "SLUICE_MAX_WORKERS", parse |t| parse_workers(t).map(Some),
+        show |n| n.map(|n| n.to_string()),
+        help "cluster mode: the most workers started while task regions wait for slots";
+    /// Cluster mode: how long a worker its cluster manager started may stay idle before it is let
+    /// go (down to `min_workers`).
+    worker_idle_timeout: Duration = DEFAULT_WORKER_IDLE_TIMEOUT,
+        env "SLUICE_WORKER_IDLE_TIMEOUT", parse parse_duration,
+        show |d| quoted(format_duration(*d)),
+        help "cluster mode: how long a started worker may stay idle before it is let go, e.g. 60s";
+    /// Task slots of each worker (`sluice worker`, and each worker a cluster starts); `None`: the
+    /// worker's default.
+    slots: Option<usize> = None,
+        env "SLUICE_SLOTS", parse |t| parse_at_least_one(t, "slots").map(Some),
+        show |n| n.map(|n| n.to_string()),
+        help "task slots of each worker";
+    /// Cluster mode: where workers come from.
+    cluster_manager: ClusterManagerKind = ClusterManagerKind::Process,
+        env "SLUICE_CLUSTER_MANAGER", parse parse_named, show |m| quoted(m.name()),
+        help "cluster mode: where workers come from: process (children of the driver) or \
+              kubernetes (worker pods)";
+    /// `cluster_manager = "kubernetes"`: the worker pods' namespace (`None`: the driver pod's, or
+    /// the kubeconfig context's).
+    kubernetes_namespace: Option<String> = None,
+        env "SLUICE_KUBERNETES_NAMESPACE", parse |t| Ok(Some(t.trim().to_string())),
+        show |n| n.as_ref().and_then(quoted),
+        help "kubernetes: the worker pods' namespace (default: the driver's)";
+    /// `cluster_manager = "kubernetes"`: the worker image.
+    kubernetes_image: String = "sluice:latest".to_string(),
+        env "SLUICE_KUBERNETES_IMAGE", parse |t| Ok(t.trim().to_string()), show |i| quoted(i),
+        help "kubernetes: the worker pods' image";
+    /// `cluster_manager = "kubernetes"`: a pod template file (YAML), merged under Sluice's fields.
+    kubernetes_pod_template: Option<String> = None,
+        env "SLUICE_KUBERNETES_POD_TEMPLATE", parse |t| Ok(Some(t.trim().to_string())),
+        show |p| p.as_ref().and_then(quoted),
+        help "kubernetes: a pod template file (YAML) for the worker pods";
+    /// `cluster_manager = "kubernetes"`: the Secret (key `secret`) holding the cluster secret.
+    kubernetes_secret: String = "sluice-cluster-secret".to_string(),
+        env "SLUICE_KUBERNETES_SECRET", parse |t| Ok(t.trim().to_string()), show |n| quoted(n),
+        help "kubernetes: the Secret whose key 'secret' holds the cluster secret";
+    /// `cluster_manager = "kubernetes"`: the worker pods' service account.
+    kubernetes_service_account: Option<String> = None,
+        env "SLUICE_KUBERNETES_SERVICE_ACCOUNT", parse |t| Ok(Some(t.trim().to_string())),
+        show |n| n.as_ref().and_then(quoted),
+        help "kubernetes: the worker pods' service account";
+    /// `cluster_manager = "kubernetes"`: the driver's address as workers reach it (`None`:
+    /// `$SLUICE_POD_IP` and the driver's port).
+    kubernetes_driver_address: Option<String> = None,
+        env "SLUICE_KUBERNETES_DRIVER_ADDRESS", parse |t| Ok(Some(t.trim().to_string())),
+        show |a| a.as_ref().and_then(quoted),
+        help "kubernetes: the driver's address as worker pods reach it (default: its pod IP)";
     /// How long a task region that needs more task slots than the live workers have waits for
     /// workers to join (or be replaced) before its job fails.
     capacity_wait: Duration = sluice_runtime::driver::DEFAULT_CAPACITY_WAIT,
@@ -398,6 +452,9 @@ fn toml_list(items: &[String]) -> Option<String> {
     Some(format!("[{}]", quoted.join(", ")))
 }
 
+/// The default [`SluiceConfig::worker_idle_timeout`].
+pub const DEFAULT_WORKER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The default [`SluiceConfig::max_task_attempts`].
 pub const DEFAULT_MAX_TASK_ATTEMPTS: usize = 4;
 
@@ -471,6 +528,20 @@ const OTHER_ENV_VARS: &[(&str, &str)] = &[
         "SLUICE_FAILPOINTS_WORKERS",
         "the worker ids SLUICE_FAILPOINTS applies to, comma-separated (default 1)",
     ),
+    (
+        "SLUICE_POD_IP",
+        "on Kubernetes (downward API status.podIP): a worker pod's address; the driver's, which \
+         its worker pods reach",
+    ),
+    (
+        "SLUICE_POD_NAME",
+        "on Kubernetes (downward API metadata.name): the driver's pod, whose name its worker pods \
+         carry",
+    ),
+    (
+        "SLUICE_POD_UID",
+        "on Kubernetes (downward API metadata.uid): the driver's pod, which owns its worker pods",
+    ),
 ];
 
 /// Every environment variable Sluice reads, with what it sets.
@@ -480,6 +551,40 @@ pub fn env_vars() -> Vec<(&'static str, &'static str)> {
         .map(|setting| (setting.env, setting.help))
         .chain(OTHER_ENV_VARS.iter().copied())
         .collect()
+}
+
+/// Where cluster mode's workers come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClusterManagerKind {
+    /// Worker processes of this machine, children of the driver (the default).
+    #[default]
+    Process,
+    /// Worker pods on Kubernetes (a build with the `kubernetes` feature).
+    Kubernetes,
+}
+
+impl ClusterManagerKind {
+    /// The name used in config files and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterManagerKind::Process => "process",
+            ClusterManagerKind::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+impl FromStr for ClusterManagerKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "process" => Ok(ClusterManagerKind::Process),
+            "kubernetes" => Ok(ClusterManagerKind::Kubernetes),
+            other => Err(format!(
+                "unknown cluster manager '{other}' (known: process, kubernetes)"
+            )),
+        }
+    }
 }
 
 /// How stage outputs move to the stages that read them.
@@ -945,7 +1050,12 @@ mod tests {
         let layer = ConfigLayer::from_toml(
             "mode = \"local-graph\"\nmemory_limit = \"1G\"\nworkers = 3\n\
              flight_compression = \"zstd\"\nexchange = \"blocking\"\njoins = \"hash\"\n\
-             driver_listen = \"0.0.0.0:7070\"\nmin_workers = 2\ncapacity_wait = \"1500ms\"\n\
+             driver_listen = \"0.0.0.0:7070\"\nmin_workers = 2\nmax_workers = 5\n\
+             worker_idle_timeout = \"2s\"\nslots = 8\ncluster_manager = \"kubernetes\"\n\
+             kubernetes_namespace = \"data\"\nkubernetes_image = \"registry.example/sluice:1\"\n\
+             kubernetes_pod_template = \"/etc/sluice/pod.yaml\"\nkubernetes_secret = \"s\"\n\
+             kubernetes_service_account = \"sa\"\nkubernetes_driver_address = \"d:7070\"\n\
+             capacity_wait = \"1500ms\"\n\
              max_task_attempts = 2\nread_roots = [\"/data\", \"s3://lake/sf1/\"]\n\
              write_roots = \"/out\"\nresult_buffer = \"32M\"\nmax_parameter_bytes = \"2K\"\n\
              max_prepared_statements = 7\nprepared_statement_idle = \"1s\"\n\
@@ -957,9 +1067,17 @@ mod tests {
         let lines = setting_lines(&config);
         // Every declared setting is printed once it is set.
         assert_eq!(lines.len(), SETTINGS.len(), "{lines:?}");
-        assert_eq!(lines[8], "capacity_wait = \"1500ms\"");
-        assert_eq!(lines[10], "read_roots = [\"/data\", \"s3://lake/sf1/\"]");
-        assert_eq!(lines[11], "write_roots = [\"/out\"]");
+        assert_eq!(lines[8], "max_workers = 5");
+        assert_eq!(lines[9], "worker_idle_timeout = \"2s\"");
+        assert_eq!(lines[10], "slots = 8");
+        assert_eq!(lines[11], "cluster_manager = \"kubernetes\"");
+        assert_eq!(
+            lines[13],
+            "kubernetes_image = \"registry.example/sluice:1\""
+        );
+        assert_eq!(lines[18], "capacity_wait = \"1500ms\"");
+        assert_eq!(lines[20], "read_roots = [\"/data\", \"s3://lake/sf1/\"]");
+        assert_eq!(lines[21], "write_roots = [\"/out\"]");
         // Read back from a file.
         let mut again = SluiceConfig::default();
         again
@@ -1036,7 +1154,10 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "config x.toml: unknown key `modee` (known: mode, memory_limit, workers, \
-             flight_compression, exchange, joins, driver_listen, min_workers, capacity_wait, \
+             flight_compression, exchange, joins, driver_listen, min_workers, max_workers, \
+             worker_idle_timeout, slots, cluster_manager, kubernetes_namespace, \
+             kubernetes_image, kubernetes_pod_template, kubernetes_secret, \
+             kubernetes_service_account, kubernetes_driver_address, capacity_wait, \
              max_task_attempts, read_roots, write_roots, result_buffer, max_parameter_bytes, \
              max_prepared_statements, prepared_statement_idle, max_sessions_per_user, \
              max_failed_logins, [session])"

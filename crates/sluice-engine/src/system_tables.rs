@@ -10,8 +10,9 @@
 //!                  counter of `TASK_METRICS`: rows, batches and bytes written and read, local and
 //!                  remote; rows scanned; wall and compute time; spills; peak memory)
 //!  sluice.workers  one row per registered worker and one for the driver's own executor (address
-//!                  `driver`): running tasks, live attempts, stream outputs, memory in use and
-//!                  its limit (NULL: unlimited)
+//!                  `driver`, no id): id, state (busy, holding a live job's output, idle,
+//!                  draining), when it registered, running tasks, live attempts, stream outputs,
+//!                  memory in use and its limit (NULL: unlimited)
 //! ```
 //!
 //! A session whose user is not an admin ([`crate::access`]) sees only the jobs (and their stages
@@ -347,10 +348,21 @@ fn workers_batch(workers: &[sluice_runtime::runner::WorkerState]) -> Result<Reco
         |f: fn(&sluice_runtime::runner::WorkerState) -> Option<i64>| ints(workers.iter().map(f));
     batch(vec![
         (
+            "worker_id",
+            col(|w| w.id.and_then(|id| i64::try_from(id.0).ok())),
+            true,
+        ),
+        (
             "address",
             texts(workers.iter().map(|w| Some(w.address.as_str()))),
             false,
         ),
+        (
+            "state",
+            texts(workers.iter().map(|w| Some(w.state.as_str()))),
+            false,
+        ),
+        ("started_ms", col(|w| w.started_ms.and_then(big)), true),
         ("running_tasks", col(|w| big(w.running_tasks)), false),
         ("live_attempts", col(|w| big(w.live_attempts)), false),
         ("stream_outputs", col(|w| big(w.stream_outputs)), false),
@@ -403,7 +415,10 @@ mod tests {
         assert_eq!(
             names(workers_batch(&[])),
             [
+                "worker_id",
                 "address",
+                "state",
+                "started_ms",
                 "running_tasks",
                 "live_attempts",
                 "stream_outputs",

@@ -1,16 +1,17 @@
 //! The cluster manager seam: where a driver's workers come from. One implementation per way of
 //! running workers: processes this process starts (`--mode cluster`), workers started by someone
-//! else that join the driver's address ([`ExternalWorkers`]), and, next, Kubernetes pods.
+//! else that join the driver's address ([`ExternalWorkers`]), and Kubernetes pods.
 //!
 //! ```text
-//!   driver / cluster supervisor ── desired_workers, start_workers, replace, drain, stop ──► manager
+//!   autoscaler (crate::scaling) ── start_workers, drain, manages ──► manager
+//!   cluster shutdown ── stop ──► manager
 //!   manager ── starts processes / pods ──► sluice worker ── RegisterWorker ──► driver (registry)
 //! ```
 //!
-//! Invariants: a manager only supplies workers; membership and liveness stay with the driver's
-//! worker registry (a started worker counts once it registered); `stop` returns only after every
-//! worker the manager started has exited; a manager that cannot start workers says so in its
-//! error instead of waiting.
+//! Invariants: a manager only supplies workers; how many, and which to let go, is the
+//! autoscaler's policy; membership and liveness stay with the driver's worker registry (a started
+//! worker counts once it registered); `stop` returns only after every worker the manager started
+//! has exited; a manager that cannot start workers says so in its error instead of waiting.
 
 use std::fmt;
 
@@ -27,8 +28,8 @@ pub trait ClusterManager: Send + Sync + fmt::Debug {
     fn desired_workers(&self) -> usize;
     /// Starts `count` more workers (they register with the driver once up).
     fn start_workers(&self, count: usize) -> BoxFuture<'static, Result<()>>;
-    /// A worker it started died: starts one in its place.
-    fn replace(&self) -> BoxFuture<'static, Result<()>>;
+    /// Whether it started `worker` (only those are let go when idle).
+    fn manages(&self, worker: WorkerId) -> bool;
     /// Asks `worker` to drain (finish its tasks, hand over its outputs) and leave.
     fn drain(&self, worker: WorkerId) -> BoxFuture<'static, Result<()>>;
     /// Stops every worker it started and waits until they exited.
@@ -60,9 +61,8 @@ impl ClusterManager for ExternalWorkers {
         .boxed()
     }
 
-    /// Nothing to start: an external worker that comes back registers again by itself.
-    fn replace(&self) -> BoxFuture<'static, Result<()>> {
-        futures::future::ready(Ok(())).boxed()
+    fn manages(&self, _worker: WorkerId) -> bool {
+        false
     }
 
     fn drain(&self, worker: WorkerId) -> BoxFuture<'static, Result<()>> {
@@ -100,7 +100,7 @@ mod tests {
             "Execution error: worker 4 was started outside Sluice: drain it with SIGTERM to its \
              process"
         );
-        manager.replace().await.unwrap();
+        assert!(!manager.manages(WorkerId(4)));
         manager.stop().await.unwrap();
     }
 }

@@ -32,6 +32,7 @@ mod memory;
 pub mod object_stores;
 pub mod plan;
 pub mod runner;
+pub mod scaling;
 pub mod scheduler;
 pub mod stream_store;
 pub mod task;

@@ -182,18 +182,27 @@ pub async fn run_remote(remote: &Remote, sql: &str, format: OutputFormat) -> Res
 }
 
 /// Runs one statement, streaming its result to stdout; returns the row count.
+/// `before_output` runs once, before anything is written.
 async fn write_statement(
     session: &SluiceSession,
     statement: SluiceStatement,
     format: OutputFormat,
+    before_output: &dyn Fn(),
 ) -> Result<usize> {
     let mut stream = session.execute_statement(statement).await?;
     let mut writer = ResultWriter::new(format, stream.schema(), BufWriter::new(std::io::stdout()));
     let mut rows = 0usize;
+    let mut first = true;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
+        if std::mem::take(&mut first) {
+            before_output();
+        }
         rows += batch.num_rows();
         writer.write(batch)?;
+    }
+    if first {
+        before_output();
     }
     writer.finish()?;
     Ok(rows)
@@ -231,13 +240,24 @@ pub async fn run_statements(
         }
         let start = Instant::now();
         let line = crate::progress::job_line();
-        let show = |text: &str| line.set_message(text.to_string());
+        // Once rows are written the progress line is gone for good: drawn between them, or left
+        // above them, it would be a stale line in the terminal.
+        let writing = std::sync::atomic::AtomicBool::new(false);
+        let show = |text: &str| {
+            if !writing.load(std::sync::atomic::Ordering::Acquire) {
+                line.set_message(text.to_string());
+            }
+        };
         let say = |text: &str| line.suspend(|| eprintln!("{text}"));
+        let before_output = || {
+            writing.store(true, std::sync::atomic::Ordering::Release);
+            line.finish_and_clear();
+        };
         let rows = crate::progress::with_job_progress(
             session.runner(),
             &show,
             &say,
-            write_statement(session, statement, format),
+            write_statement(session, statement, format, &before_output),
         )
         .await;
         line.finish_and_clear();

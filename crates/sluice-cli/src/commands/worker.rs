@@ -36,9 +36,6 @@ pub struct WorkerArgs {
     /// The address to register, where others reach this worker (default: the listen address).
     #[arg(long, value_name = "ADDR")]
     pub advertise: Option<String>,
-    /// Task attempts run at once (default 64: a pipelined region runs all its tasks at once).
-    #[arg(long, value_name = "N")]
-    pub slots: Option<usize>,
     /// Directory for spill files and blocking stage outputs; the worker keeps them in its own
     /// `sluice-work-<pid>` inside, removed when it exits (and by the next worker if it was killed)
     /// [default: the system's temporary directory].
@@ -92,7 +89,7 @@ pub fn run(args: WorkerArgs, config: &SluiceConfig, runtime: &Runtime) -> Result
         None => None,
     };
     let worker = WorkerOptions {
-        slots: args.slots.unwrap_or(WorkerOptions::default().slots).max(1),
+        slots: config.slots.value.unwrap_or(WorkerOptions::default().slots),
         memory_limit,
         work_dir: args.work_dir.clone(),
         faults: FaultPoints::from_env()

@@ -125,16 +125,28 @@ impl Server {
 
     /// A server with `flags` before `server` and `server_flags` after it, the tables of `data`, and
     /// `dir` as its working directory (relative paths in SQL resolve there).
-    // The child is waited for by `stop` or `Drop`.
-    #[allow(clippy::zombie_processes)]
     pub fn start_in(
         flags: &[&str],
         server_flags: &[&str],
         data: Option<&Path>,
         dir: Option<&Path>,
     ) -> Server {
+        Self::start_with_env(flags, server_flags, data, dir, &[])
+    }
+
+    /// [`Server::start_in`] with `env` set for the server.
+    // The child is waited for by `stop` or `Drop`.
+    #[allow(clippy::zombie_processes)]
+    pub fn start_with_env(
+        flags: &[&str],
+        server_flags: &[&str],
+        data: Option<&Path>,
+        dir: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut command = sluice();
         command
+            .envs(env.iter().copied())
             .args(flags)
             .args(["server", "--flight-sql-listen", "127.0.0.1:0"])
             .args(["--pg-listen", "127.0.0.1:0"])

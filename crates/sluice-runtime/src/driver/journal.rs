@@ -46,12 +46,14 @@ pub(crate) enum Transition<'a> {
     },
     /// A worker is draining.
     Draining { worker: WorkerId, address: String },
-    /// A worker was lost with the attempts that ran there (sorted).
+    /// A worker was lost with the attempts that ran there (sorted); `left`: it drained and left on
+    /// request (with no attempt lost, a departure, not a loss).
     WorkerLost {
         worker: WorkerId,
         address: &'a str,
         attempts: &'a [AttemptKey],
         why: &'a str,
+        left: bool,
     },
     /// A read of `reader` from `peer` failed at the connection, but `peer` still beats: kept.
     PeerKept {
@@ -157,14 +159,35 @@ impl Journal {
                     ));
                 }
             }
+            // Workers come and go with the load: their departures go to the log, not to notices.
             Transition::Draining { worker, address } => {
-                self.notice(format!("{worker} ({address}) is draining"));
+                tracing::info!(
+                    target: "sluice::cluster",
+                    worker = worker.0,
+                    %address,
+                    "{worker} ({address}) is draining"
+                );
+            }
+            Transition::WorkerLost {
+                worker,
+                address,
+                attempts: [],
+                why,
+                left: true,
+            } => {
+                tracing::info!(
+                    target: "sluice::cluster",
+                    worker = worker.0,
+                    %address,
+                    "{worker} ({address}) left: {why}"
+                );
             }
             Transition::WorkerLost {
                 worker,
                 address,
                 attempts,
                 why,
+                ..
             } => {
                 self.counters.workers_lost += 1;
                 let during = match attempts.first() {

@@ -136,6 +136,8 @@ pub struct DriverSnapshot {
     pub workers: Vec<WorkerSnapshot>,
     /// Regions waiting for slots.
     pub waiting_regions: usize,
+    /// Worker slots those regions need at once (their tasks that run on workers).
+    pub waiting_slots: usize,
     /// What the jobs did so far (retries, spilled and shuffled bytes).
     pub counters: DriverCounters,
 }
@@ -167,6 +169,26 @@ pub struct WorkerSnapshot {
     pub heartbeat_age_ms: u64,
     /// It drains: no new task goes there.
     pub draining: bool,
+    /// A job that is still live placed a task attempt there (its output may still be read).
+    pub holds_outputs: bool,
+    /// When it registered, in milliseconds since the Unix epoch.
+    pub registered_ms: u64,
+}
+
+impl WorkerSnapshot {
+    /// What it does now: `draining`, `busy` (an attempt runs there), `holding` (no attempt runs,
+    /// but a live job's output may still be read there) or `idle`.
+    pub fn state(&self) -> &'static str {
+        if self.draining {
+            "draining"
+        } else if self.busy > 0 {
+            "busy"
+        } else if self.holds_outputs {
+            "holding"
+        } else {
+            "idle"
+        }
+    }
 }
 
 /// What the driver's jobs did since it started: recovering from failures, and the work of their
@@ -239,6 +261,8 @@ pub(crate) enum DriverEvent {
         why: String,
     },
     Drain(WorkerId),
+    /// Why workers asked for may not come (a pod that cannot start); `None` clears it.
+    CapacityNote(Option<String>),
     TaskStatus(TaskStatusReport),
     Submit(Box<Submission>),
     Cancel(JobId),
@@ -350,6 +374,13 @@ impl DriverHandle {
     /// `worker` drains: no new task is placed on it; what runs there finishes.
     pub fn drain(&self, worker: WorkerId) -> Result<()> {
         self.send(DriverEvent::Drain(worker))
+    }
+
+    /// Tells the driver why the workers its cluster manager was asked for may not come (a pod
+    /// that cannot pull its image, say): a region that waits for them in vain fails saying so.
+    /// `None` clears it.
+    pub fn capacity_note(&self, note: Option<String>) -> Result<()> {
+        self.send(DriverEvent::CapacityNote(note))
     }
 
     /// `worker` leaves (it drained): its slots leave the pool; what it still ran fails over.

@@ -28,6 +28,8 @@ struct WorkerEntry {
     last_heartbeat: Instant,
     /// It is draining: no new task goes there.
     draining: bool,
+    /// When it registered (milliseconds since the Unix epoch).
+    registered_ms: u64,
 }
 
 /// The driver's workers and the slots their running attempts hold.
@@ -68,6 +70,7 @@ impl WorkerRegistry {
                 busy: 0,
                 last_heartbeat: Instant::now(),
                 draining: false,
+                registered_ms: crate::driver::history::now_ms(),
             },
         );
         id
@@ -260,8 +263,9 @@ impl WorkerRegistry {
         }
     }
 
-    /// What each registered worker is, in id order.
-    pub fn snapshots(&self) -> Vec<WorkerSnapshot> {
+    /// What each registered worker is, in id order; `holds_outputs` says whether a live job placed
+    /// an attempt on a worker.
+    pub fn snapshots(&self, holds_outputs: impl Fn(WorkerId) -> bool) -> Vec<WorkerSnapshot> {
         self.workers
             .iter()
             .map(|(id, w)| WorkerSnapshot {
@@ -272,6 +276,8 @@ impl WorkerRegistry {
                 heartbeat_age_ms: u64::try_from(w.last_heartbeat.elapsed().as_millis())
                     .unwrap_or(u64::MAX),
                 draining: w.draining,
+                holds_outputs: holds_outputs(*id),
+                registered_ms: w.registered_ms,
             })
             .collect()
     }

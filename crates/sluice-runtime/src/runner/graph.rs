@@ -143,12 +143,14 @@ impl DriverBackend for LocalGraph {
 
     fn state(&self) -> BoxFuture<'_, Result<ClusterState>> {
         Box::pin(async move {
+            let driver = self.driver.snapshot().await?;
+            let mut worker = WorkerState::of("worker", &self.worker);
+            if let Some(seen) = driver.workers.first() {
+                worker = worker.seen_by_driver(seen);
+            }
             Ok(ClusterState {
-                driver: self.driver.snapshot().await?,
-                workers: vec![
-                    WorkerState::of("driver", &self.executor),
-                    WorkerState::of("worker", &self.worker),
-                ],
+                workers: vec![WorkerState::of("driver", &self.executor), worker],
+                driver,
             })
         })
     }

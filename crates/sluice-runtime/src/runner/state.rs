@@ -5,7 +5,9 @@
 //! Invariant: a cluster with no job, no task, no stream output and no memory reserved on any worker
 //! is idle ([`ClusterState::is_idle`]); every job leaves the cluster idle once it ended.
 
-use crate::driver::DriverSnapshot;
+use sluice_planner::WorkerId;
+
+use crate::driver::{DriverSnapshot, WorkerSnapshot};
 use crate::worker::Worker;
 
 /// One worker as it reports itself.
@@ -13,6 +15,13 @@ use crate::worker::Worker;
 pub struct WorkerState {
     /// Where it serves.
     pub address: String,
+    /// Its id with the driver (`None`: the driver's own executor).
+    pub id: Option<WorkerId>,
+    /// What it does, as the driver sees it ([`WorkerSnapshot::state`]; `driver` for the driver's
+    /// own executor).
+    pub state: String,
+    /// When it registered with the driver, in milliseconds since the Unix epoch.
+    pub started_ms: Option<u64>,
     /// Task attempts running (neither finished nor stopped).
     pub running_tasks: usize,
     /// Attempt futures still alive (running, or stopped and not yet unwound).
@@ -31,12 +40,25 @@ impl WorkerState {
         let (running_tasks, store) = worker.counts();
         Self {
             address: address.into(),
+            id: None,
+            state: "driver".to_string(),
+            started_ms: None,
             running_tasks,
             live_attempts: worker.live_attempts(),
             stream_outputs: store.outputs,
             memory_used: worker.memory_used(),
             memory_limit: worker.memory_limit(),
         }
+    }
+}
+
+impl WorkerState {
+    /// With what the driver knows of it: its id, state and start.
+    pub fn seen_by_driver(mut self, seen: &WorkerSnapshot) -> Self {
+        self.id = Some(seen.id);
+        self.state = seen.state().to_string();
+        self.started_ms = Some(seen.registered_ms);
+        self
     }
 }
 

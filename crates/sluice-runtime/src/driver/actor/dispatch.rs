@@ -90,9 +90,13 @@ impl DriverActor {
                             ErrorKind::ResourcesExhausted,
                             format!(
                                 "job {job}: {shortfall} after waiting {:.1} s for workers to \
-                                 join (capacity_wait); add workers or task slots, or lower \
+                                 join (capacity_wait){}; add workers or task slots, or lower \
                                  datafusion.execution.target_partitions",
-                                waited.as_secs_f64()
+                                waited.as_secs_f64(),
+                                self.capacity_note
+                                    .as_ref()
+                                    .map(|note| format!("; the cluster manager says: {note}"))
+                                    .unwrap_or_default()
                             ),
                         );
                         self.end_job(job, JobState::Failed, error);
@@ -102,6 +106,17 @@ impl DriverActor {
                 }
             }
         }
+    }
+
+    /// Worker slots the waiting regions need at once: their tasks whose stages run on workers.
+    pub(super) fn waiting_slots(&self) -> usize {
+        self.waiting
+            .iter()
+            .filter_map(|(job, _, tasks)| {
+                let view = JobView(self.jobs.get(job)?);
+                Some(tasks.iter().filter(|t| !view.on_driver(t.task)).count())
+            })
+            .sum()
     }
 
     pub(super) fn launch(&mut self, job: JobId, tasks: &[TaskAttempt], locations: &[Location]) {

@@ -12,6 +12,9 @@ use crate::driver::reconcile::{Reconciled, WorkerBeat, reconcile};
 use crate::error::{ErrorKind, RemoteError};
 use crate::scheduler::WorkerLoss;
 
+/// Why a worker that drained and deregistered is gone.
+pub(super) const LEFT_AFTER_DRAIN: &str = "it drained and left";
+
 impl DriverActor {
     pub(super) fn check_liveness(&mut self) {
         let silent = self.registry.silent(self.options.heartbeat_timeout);
@@ -39,6 +42,7 @@ impl DriverActor {
             address: &address,
             attempts: &lost,
             why,
+            left: loss == WorkerLoss::CutOff && why == LEFT_AFTER_DRAIN,
         });
         // Lineage first: the regions that read outputs held there wait for them to be made again,
         // so the retries below do not start readers of streams that are gone.

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use datafusion::common::DataFusionError;
 use datafusion::common::runtime::JoinSet;
 use datafusion::execution::memory_pool::MemoryLimit;
-use sluice_planner::{AttemptKey, JobId, RegionId, TaskAttempt};
+use sluice_planner::{AttemptKey, JobId, RegionId, TaskAttempt, WorkerId};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -58,6 +58,8 @@ pub(crate) struct DriverActor {
     waiting: VecDeque<(JobId, RegionId, Vec<TaskAttempt>)>,
     /// Waiting regions that need more slots than the live workers have, since when.
     short_of_capacity: HashMap<(JobId, RegionId), Instant>,
+    /// Why the workers the cluster manager was asked for may not come (its latest word).
+    capacity_note: Option<String>,
     history: JobHistory,
     events: mpsc::UnboundedSender<DriverEvent>,
     rpcs: JoinSet<()>,
@@ -77,6 +79,7 @@ impl DriverActor {
             jobs: HashMap::new(),
             waiting: VecDeque::new(),
             short_of_capacity: HashMap::new(),
+            capacity_note: None,
             history: JobHistory::default(),
             events,
             rpcs: JoinSet::new(),
@@ -110,7 +113,16 @@ impl DriverActor {
                 registration,
                 reply,
             } => {
+                let address = registration.address.clone();
+                let slots = registration.slots;
                 let id = self.registry.register(registration);
+                tracing::info!(
+                    target: "sluice::cluster",
+                    worker = id.0,
+                    %address,
+                    slots,
+                    "{id} ({address}, {slots} slots) joined"
+                );
                 let _ = reply.send(id);
                 self.place_waiting();
             }
@@ -129,11 +141,12 @@ impl DriverActor {
             }
             DriverEvent::TaskAccepted { key, accepted } => self.registry.accepted(key, accepted),
             DriverEvent::Deregister(worker) => {
-                self.worker_lost(worker, "it drained and left", WorkerLoss::CutOff)
+                self.worker_lost(worker, membership::LEFT_AFTER_DRAIN, WorkerLoss::CutOff)
             }
             DriverEvent::Gone { worker, why } => {
                 self.worker_lost(worker, &why, WorkerLoss::ProcessExited)
             }
+            DriverEvent::CapacityNote(note) => self.capacity_note = note,
             DriverEvent::Drain(worker) => {
                 if let Some(address) = self.registry.drain(worker) {
                     self.record(Transition::Draining { worker, address });
@@ -205,15 +218,30 @@ impl DriverActor {
                 let _ = reply.send(self.progress());
             }
             DriverEvent::Snapshot(reply) => {
-                let _ = reply.send(DriverSnapshot {
-                    scheduler_jobs: self.scheduler.active_jobs(),
-                    jobs: self.jobs.len(),
-                    running_tasks: self.registry.running_count(),
-                    workers: self.registry.snapshots(),
-                    waiting_regions: self.waiting.len(),
-                    counters: self.journal.counters(),
-                });
+                let _ = reply.send(self.snapshot());
             }
+        }
+    }
+
+    /// The state as [`DriverSnapshot`] shows it.
+    fn snapshot(&self) -> DriverSnapshot {
+        let holding: std::collections::HashSet<WorkerId> = self
+            .jobs
+            .values()
+            .flat_map(|entry| entry.placed.values())
+            .filter_map(|location| match location {
+                Location::Worker(worker) => Some(*worker),
+                Location::Driver => None,
+            })
+            .collect();
+        DriverSnapshot {
+            scheduler_jobs: self.scheduler.active_jobs(),
+            jobs: self.jobs.len(),
+            running_tasks: self.registry.running_count(),
+            workers: self.registry.snapshots(|worker| holding.contains(&worker)),
+            waiting_regions: self.waiting.len(),
+            waiting_slots: self.waiting_slots(),
+            counters: self.journal.counters(),
         }
     }
 
