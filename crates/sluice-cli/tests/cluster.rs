@@ -957,6 +957,17 @@ fn a_cluster_starts_workers_while_regions_wait_and_lets_idle_ones_go_after_the_t
         (2..=4).contains(&peak),
         "more workers while regions waited, at most 4: {peak}"
     );
+    // No worker was let go before it could have been idle for the timeout (2 s): the first
+    // decrease comes at least 2 s after the increase before it.
+    let first_drop = (1..counts.len())
+        .find(|&i| counts[i].1 < counts[i - 1].1)
+        .unwrap();
+    let last_rise = (1..first_drop)
+        .rev()
+        .find(|&i| counts[i].1 > counts[i - 1].1)
+        .unwrap();
+    let idle_for = counts[first_drop].0 - counts[last_rise].0;
+    assert!(idle_for >= Duration::from_secs(2), "{idle_for:?}");
     // The count fell back to 1 and stayed there (at least 2 s of samples).
     let last_above = counts.iter().rev().find(|(_, n)| *n > 1).unwrap().0;
     let after: Vec<usize> = counts
@@ -1002,6 +1013,7 @@ fn the_shell_in_cluster_mode_shows_results_without_worker_lines_or_a_stale_progr
         .arg(sf01())
         // The shell's history file goes there.
         .env("HOME", dir.path())
+        .env("SHELL_PTY_RAW", dir.path().join("raw"))
         .output()
         .unwrap();
     let screen = text(&output.stdout);
@@ -1044,4 +1056,7 @@ fn the_shell_in_cluster_mode_shows_results_without_worker_lines_or_a_stale_progr
         env!("CARGO_PKG_VERSION")
     );
     assert_eq!(screen, expected);
+    // A progress line was drawn (and then cleared): the screen above is not free of it by chance.
+    let raw = std::fs::read_to_string(dir.path().join("raw")).unwrap();
+    assert!(raw.contains("] job 2 · tasks "), "{raw:?}");
 }

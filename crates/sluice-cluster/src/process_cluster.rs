@@ -246,7 +246,12 @@ impl ProcessCluster {
                 restart_interval: Duration::from_secs(1),
             };
             let handle = cluster.driver.driver().handle().clone();
-            cluster.autoscaler = Some(SpawnedTask::spawn(autoscale(handle, manager, limits)));
+            cluster.autoscaler = Some(SpawnedTask::spawn(autoscale(
+                handle,
+                manager,
+                limits,
+                options.workers,
+            )));
         }
         Ok(cluster)
     }
@@ -271,7 +276,8 @@ impl ProcessCluster {
             env: options.worker_env.clone(),
             driver_port,
             driver_local: local_address(&bound),
-            pending_limit: options.driver.capacity_wait,
+            // Half the capacity wait: a region waiting for the pod fails with its reason.
+            pending_limit: options.driver.capacity_wait / 2,
         };
         let pods = KubernetesWorkers::connect(kubernetes, context).await?;
         let watch = SpawnedTask::spawn(pods.clone().watch(self.driver().clone()));

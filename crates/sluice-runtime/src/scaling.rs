@@ -8,7 +8,7 @@
 //!        │ every 250 ms
 //!        ▼
 //!   ScalingPolicy::decide ─► Start(n) ─► ClusterManager::start_workers(n)
-//!                         └► Drain(w) ─► driver: no new task for w ─► ClusterManager::drain(w)
+//!                         └► Drain(w) ─► ClusterManager::drain(w) ─► driver: no new task for w
 //! ```
 //!
 //! Invariants:
@@ -22,7 +22,8 @@
 //! - a start is pending until a new worker registers, it fails, or `start_timeout` passes;
 //! - it drains only an idle worker (no attempt runs there and no live job placed one there) that
 //!   its manager started, once it has been idle for `idle_timeout`, never below `min_workers` and
-//!   never while regions wait or starts are pending.
+//!   never while regions wait or starts are pending;
+//! - the workers started before the policy began and not registered yet count as pending.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -134,6 +135,14 @@ impl ScalingPolicy {
         }
     }
 
+    /// Before the policy began, `started` workers were started and `registered` have registered
+    /// (some of them perhaps started elsewhere): the rest of the started ones are pending like the
+    /// policy's own starts.
+    pub fn started_before(&mut self, started: usize, registered: &[WorkerId], now: Instant) {
+        self.known = registered.iter().copied().collect();
+        self.ask(started.saturating_sub(registered.len()), now);
+    }
+
     /// Starts asked for that no worker has answered yet.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -227,15 +236,21 @@ impl ScalingPolicy {
 /// How often [`autoscale`] looks at the driver.
 pub const SCALING_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Runs the policy over `driver` with `manager` until the driver is gone (or the future is
-/// dropped). A start or drain that fails is logged and changes nothing else: a job that fits the
+/// Runs the policy over `driver` with `manager` (which started `started` workers before) until the
+/// driver is gone (or the future is dropped). A start or drain that fails is logged and changes nothing else: a job that fits the
 /// workers there are never fails for it.
 pub async fn autoscale(
     driver: DriverHandle,
     manager: Arc<dyn ClusterManager>,
     limits: ScalingLimits,
+    started: usize,
 ) {
     let mut policy = ScalingPolicy::new(limits);
+    // The workers started before it began that have not registered yet are pending.
+    if let Ok(snapshot) = driver.snapshot().await {
+        let registered: Vec<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
+        policy.started_before(started, &registered, Instant::now());
+    }
     let mut tick = tokio::time::interval(SCALING_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -277,12 +292,17 @@ pub async fn autoscale(
                         "letting {worker} go: idle for {:.1} s",
                         limits.idle_timeout.as_secs_f64()
                     );
-                    // The driver first, so no task is placed there in between.
-                    if driver.drain(worker).is_err() {
-                        return;
-                    }
-                    if let Err(error) = manager.drain(worker).await {
-                        tracing::warn!(target: "sluice::cluster", %error, "cannot drain {worker}");
+                    // The manager first: a worker it cannot drain stays as it is. A task placed
+                    // there meanwhile is refused by the draining worker and placed elsewhere.
+                    match manager.drain(worker).await {
+                        Ok(()) => {
+                            if driver.drain(worker).is_err() {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(target: "sluice::cluster", %error, "cannot drain {worker}")
+                        }
                     }
                 }
             }
@@ -355,6 +375,28 @@ mod tests {
         assert_eq!(policy.pending(), 1);
         let mut other = ScalingPolicy::new(limits());
         assert_eq!(other.decide(&joined, t0), [start(1, 40)]);
+    }
+
+    #[test]
+    fn workers_started_before_the_policy_began_count_as_pending_until_they_register() {
+        let t0 = Instant::now();
+        let mut policy = ScalingPolicy::new(limits());
+        // 3 started, 1 registered: 2 pending, so a region lacking 16 slots asks for nothing.
+        policy.started_before(3, &[WorkerId(1)], t0);
+        assert_eq!(policy.pending(), 2);
+        let busy = view(vec![worker(1, 8, false)], 16);
+        assert_eq!(policy.decide(&busy, t0), []);
+        // They register: nothing pending, and the maximum of 4 leaves room for one more.
+        let all = view(
+            vec![
+                worker(1, 8, false),
+                worker(2, 8, false),
+                worker(3, 8, false),
+            ],
+            40,
+        );
+        assert_eq!(policy.decide(&all, t0), [start(1, 40)]);
+        assert_eq!(policy.pending(), 1);
     }
 
     #[test]

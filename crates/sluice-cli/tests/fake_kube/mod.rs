@@ -45,6 +45,8 @@ struct Shared {
     peak: AtomicUsize,
     /// Each pod whose process ended, with the phase it turned to.
     ended: Mutex<Vec<(String, String)>>,
+    /// Every process a pod ran.
+    started: Mutex<Vec<u32>>,
 }
 
 /// The fake API server; dropping it kills every process it still runs.
@@ -94,6 +96,7 @@ impl FakeKube {
             logs: logs.to_path_buf(),
             peak: AtomicUsize::new(0),
             ended: Mutex::new(Vec::new()),
+            started: Mutex::new(Vec::new()),
         });
         let app = axum::Router::new()
             .route(
@@ -173,6 +176,11 @@ impl FakeKube {
     /// Each pod whose process ended by itself (not deleted), with the phase it turned to.
     pub fn ended(&self) -> Vec<(String, String)> {
         self.shared.ended.lock().unwrap().clone()
+    }
+
+    /// Every process a pod ever ran.
+    pub fn all_pids(&self) -> Vec<u32> {
+        self.shared.started.lock().unwrap().clone()
     }
 
     /// The process of pod `name`.
@@ -294,6 +302,7 @@ async fn create_pod(
         }
     };
     let pid = started.as_ref().map(Child::id);
+    shared.started.lock().unwrap().extend(pid);
     {
         let mut pods = shared.pods.lock().unwrap();
         pods.insert(

@@ -3,7 +3,7 @@ each prompt, types the next line, and prints what the terminal shows at the end 
 share it), as a 100-column screen would show it after every cursor move and erase: a progress line
 that was cleared is gone, one that was left behind is there. Stdlib only.
 
-Usage: shell_pty.py LINES_FILE -- COMMAND...
+Usage: shell_pty.py LINES_FILE -- COMMAND...  (SHELL_PTY_RAW=FILE also keeps the raw bytes)
 """
 
 import fcntl
@@ -106,7 +106,11 @@ def main():
     deadline = time.monotonic() + 300
     pending = list(lines)
     prompts = 0
-    while time.monotonic() < deadline:
+    while True:
+        if time.monotonic() > deadline:
+            # A shell that hangs fails the run instead of hanging it.
+            os.kill(pid, 9)
+            break
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             try:
@@ -121,6 +125,9 @@ def main():
             if pending:
                 os.write(fd, pending.pop(0).encode() + b"\r")
     _, status = os.waitpid(pid, 0)
+    if os.environ.get("SHELL_PTY_RAW"):
+        with open(os.environ["SHELL_PTY_RAW"], "wb") as raw:
+            raw.write(seen)
     sys.stdout.write(screen(seen.decode("utf-8", "replace")))
     sys.exit(os.waitstatus_to_exitcode(status))
 

@@ -324,16 +324,21 @@ impl KubernetesWorkers {
                     });
                     let status = pod.status.clone().unwrap_or_default();
                     if let Some(ip) = status.pod_ip.clone() {
+                        // The newest live registration from the pod's IP (an IP may be reused).
                         entry.worker = snapshot
                             .workers
                             .iter()
-                            .find(|w| w.address.rsplit_once(':').map(|(host, _)| host) == Some(&ip))
+                            .filter(|w| !w.draining)
+                            .filter(|w| {
+                                w.address.rsplit_once(':').map(|(host, _)| host) == Some(&ip)
+                            })
                             .map(|w| w.id)
+                            .max()
                             .or(entry.worker);
                         entry.ip = Some(ip);
                     }
                     match status.phase.as_deref() {
-                        Some(phase @ ("Failed" | "Succeeded")) => {
+                        Some(phase @ ("Failed" | "Succeeded")) if !entry.deleting => {
                             ended.push((name, phase.to_string(), ended_reason(pod), entry.worker));
                             entry.deleting = true;
                         }
