@@ -235,7 +235,8 @@ impl ProcessCluster {
             let pods = cluster.start_pods(kubernetes, &options).await?;
             manager = Arc::new(pods);
         }
-        cluster.wait_for_workers(&options).await?;
+        // The autoscaler runs from the start: a worker that dies while the others are still
+        // joining is replaced like any other.
         if options.workers > 0 {
             let limits = ScalingLimits {
                 min_workers: options.min_workers,
@@ -253,6 +254,7 @@ impl ProcessCluster {
                 options.workers,
             )));
         }
+        cluster.wait_for_workers(&options).await?;
         Ok(cluster)
     }
 

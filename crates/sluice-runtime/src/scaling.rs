@@ -19,7 +19,9 @@
 //!   a worker that died is replaced), at most once per `restart_interval`;
 //! - above the floor it asks for workers only while regions wait for slots, as many as the slots
 //!   they lack (`slots_per_worker` each), minus the starts still pending;
-//! - a start is pending until a new worker registers, it fails, or `start_timeout` passes;
+//! - a start is pending until a worker registers (counted by the driver's registrations, so one
+//!   that registered and died between two looks still counts), it fails, or `start_timeout`
+//!   passes;
 //! - it drains only an idle worker (no attempt runs there and no live job placed one there) that
 //!   its manager started, once it has been idle for `idle_timeout`, never below `min_workers` and
 //!   never while regions wait or starts are pending;
@@ -71,6 +73,8 @@ pub struct ScalingView {
     pub workers: Vec<WorkerView>,
     /// Worker slots the waiting regions need.
     pub waiting_slots: usize,
+    /// Registrations since the driver started (also of workers already gone again).
+    pub registrations: u64,
 }
 
 impl ScalingView {
@@ -90,6 +94,7 @@ impl ScalingView {
                 })
                 .collect(),
             waiting_slots: snapshot.waiting_slots,
+            registrations: snapshot.registrations,
         }
     }
 }
@@ -116,8 +121,8 @@ pub struct ScalingPolicy {
     limits: ScalingLimits,
     /// When each pending start was asked for, oldest first.
     pending: VecDeque<Instant>,
-    /// The workers registered at the last decision.
-    known: BTreeSet<WorkerId>,
+    /// The driver's registrations at the last decision.
+    registrations: u64,
     /// Since when each idle worker has been idle.
     idle_since: HashMap<WorkerId, Instant>,
     /// The last start that restored the floor.
@@ -129,18 +134,19 @@ impl ScalingPolicy {
         Self {
             limits,
             pending: VecDeque::new(),
-            known: BTreeSet::new(),
+            registrations: 0,
             idle_since: HashMap::new(),
             last_floor_start: None,
         }
     }
 
-    /// Before the policy began, `started` workers were started and `registered` have registered
-    /// (some of them perhaps started elsewhere): the rest of the started ones are pending like the
-    /// policy's own starts.
-    pub fn started_before(&mut self, started: usize, registered: &[WorkerId], now: Instant) {
-        self.known = registered.iter().copied().collect();
-        self.ask(started.saturating_sub(registered.len()), now);
+    /// Before the policy began, `started` workers were started and the driver had `registrations`
+    /// (some perhaps of workers started elsewhere): the rest of the started ones are pending like
+    /// the policy's own starts.
+    pub fn started_before(&mut self, started: usize, registrations: u64, now: Instant) {
+        self.registrations = registrations;
+        let registered = usize::try_from(registrations).unwrap_or(usize::MAX);
+        self.ask(started.saturating_sub(registered), now);
     }
 
     /// Starts asked for that no worker has answered yet.
@@ -158,15 +164,16 @@ impl ScalingPolicy {
     /// What to do now.
     pub fn decide(&mut self, view: &ScalingView, now: Instant) -> Vec<ScalingAction> {
         let limits = self.limits;
-        let present: BTreeSet<WorkerId> = view.workers.iter().map(|w| w.id).collect();
-        // Each worker that registered since answers the oldest pending start.
-        for _ in present.difference(&self.known) {
+        // Each registration since answers the oldest pending start, also of a worker that is
+        // already gone again.
+        for _ in self.registrations..view.registrations {
             self.pending.pop_front();
         }
-        self.known = present;
+        self.registrations = self.registrations.max(view.registrations);
         self.pending
             .retain(|asked| now.duration_since(*asked) < limits.start_timeout);
-        self.idle_since.retain(|id, _| self.known.contains(id));
+        let present: BTreeSet<WorkerId> = view.workers.iter().map(|w| w.id).collect();
+        self.idle_since.retain(|id, _| present.contains(id));
 
         let live: Vec<&WorkerView> = view.workers.iter().filter(|w| !w.draining).collect();
         let supply = live.len() + self.pending.len();
@@ -248,8 +255,7 @@ pub async fn autoscale(
     let mut policy = ScalingPolicy::new(limits);
     // The workers started before it began that have not registered yet are pending.
     if let Ok(snapshot) = driver.snapshot().await {
-        let registered: Vec<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
-        policy.started_before(started, &registered, Instant::now());
+        policy.started_before(started, snapshot.registrations, Instant::now());
     }
     let mut tick = tokio::time::interval(SCALING_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -338,10 +344,13 @@ mod tests {
         }
     }
 
+    /// The view of `workers`, whose ids are also the driver's registrations so far.
     fn view(workers: Vec<WorkerView>, waiting_slots: usize) -> ScalingView {
+        let registrations = workers.iter().map(|w| w.id.0).max().unwrap_or(0);
         ScalingView {
             workers,
             waiting_slots,
+            registrations,
         }
     }
 
@@ -382,7 +391,7 @@ mod tests {
         let t0 = Instant::now();
         let mut policy = ScalingPolicy::new(limits());
         // 3 started, 1 registered: 2 pending, so a region lacking 16 slots asks for nothing.
-        policy.started_before(3, &[WorkerId(1)], t0);
+        policy.started_before(3, 1, t0);
         assert_eq!(policy.pending(), 2);
         let busy = view(vec![worker(1, 8, false)], 16);
         assert_eq!(policy.decide(&busy, t0), []);
@@ -397,6 +406,23 @@ mod tests {
         );
         assert_eq!(policy.decide(&all, t0), [start(1, 40)]);
         assert_eq!(policy.pending(), 1);
+    }
+
+    #[test]
+    fn a_worker_that_registered_and_died_between_two_looks_answers_its_start() {
+        let t0 = Instant::now();
+        let mut limits = limits();
+        limits.min_workers = 3;
+        let mut policy = ScalingPolicy::new(limits);
+        policy.started_before(3, 0, t0);
+        // Workers 1-3 registered, and 1 already died, before the policy looked.
+        let mut two = view(vec![worker(2, 0, false), worker(3, 0, false)], 0);
+        two.registrations = 3;
+        let floor = ScalingAction::Start {
+            count: 1,
+            reason: StartReason::Floor { live: 2 },
+        };
+        assert_eq!(policy.decide(&two, t0), [floor]);
     }
 
     #[test]

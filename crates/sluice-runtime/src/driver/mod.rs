@@ -138,6 +138,9 @@ pub struct DriverSnapshot {
     pub waiting_regions: usize,
     /// Worker slots those regions need at once (their tasks that run on workers).
     pub waiting_slots: usize,
+    /// Registrations since the driver started, lost workers' too (a worker that came and went
+    /// between two snapshots is counted here).
+    pub registrations: u64,
     /// What the jobs did so far (retries, spilled and shuffled bytes).
     pub counters: DriverCounters,
 }

@@ -113,6 +113,11 @@ impl WorkerRegistry {
         Some((entry.registration.address, lost))
     }
 
+    /// How many registrations there were (lost workers too).
+    pub fn registrations(&self) -> u64 {
+        self.next_worker - 1
+    }
+
     /// Whether `worker` is registered.
     pub fn contains(&self, worker: WorkerId) -> bool {
         self.workers.contains_key(&worker)

@@ -241,6 +241,7 @@ impl DriverActor {
             workers: self.registry.snapshots(|worker| holding.contains(&worker)),
             waiting_regions: self.waiting.len(),
             waiting_slots: self.waiting_slots(),
+            registrations: self.registry.registrations(),
             counters: self.journal.counters(),
         }
     }
