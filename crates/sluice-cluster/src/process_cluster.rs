@@ -239,7 +239,9 @@ impl ProcessCluster {
         // joining is replaced like any other.
         if options.workers > 0 {
             let limits = ScalingLimits {
-                min_workers: options.min_workers,
+                // The floor it restores is what it started: with --workers 1 --min-workers 2 the
+                // second worker is one started elsewhere, waited for, not started here.
+                min_workers: options.min_workers.min(options.workers),
                 max_workers: options.max_workers.max(options.min_workers),
                 slots_per_worker: options.slots,
                 idle_timeout: options.idle_timeout,
