@@ -12,25 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Server, http, sluice, tls_files, tpch_dir};
-
-const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-
-/// The venv with the pinned clients, created (or refreshed when the requirements change) once. Tests
-/// of this binary run in parallel threads and two of them need it: the first makes it while the other
-/// waits (two `python3 -m venv` into one directory at once break each other's `ensurepip`).
-fn python() -> PathBuf {
-    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    VENV.get_or_init(make_venv).clone()
-}
-
-fn make_venv() -> PathBuf {
-    common::pinned_venv(
-        "python-clients",
-        &Path::new(PYTHON_DIR).join("requirements.txt"),
-    )
-    .join("python")
-}
+use common::{
+    PYTHON_DIR, Server, assert_pytest_passes, http, python_clients as python, sluice, tls_files,
+    tpch_dir,
+};
 
 /// Each TPC-H query as `qNN.sql` (`sluice tpch queries`).
 fn query_files() -> PathBuf {
@@ -253,29 +238,12 @@ fn large_unread_results_keep_the_servers_memory_within_four_result_buffers() {
         ("SLUICE_LIMITS_PG", server.pg.as_str()),
         ("SLUICE_LIMITS_PID", pid.as_str()),
     ];
-    assert_pytest_passes(&python, "test_limits.py", &env, 1);
+    assert_pytest_passes(&python, "test_limits.py", &[], &env, 1);
     server.stop();
 }
 
 /// Runs the pytest file `file` of `tests/python` with `env`, asserting that exactly `passed`
 /// tests ran and passed.
-fn assert_pytest_passes(python: &Path, file: &str, env: &[(&str, &str)], passed: usize) {
-    let output = Command::new(python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(Path::new(PYTHON_DIR).join(file))
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "pytest failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let summary = stdout.lines().last().unwrap_or_default();
-    assert!(summary.starts_with(&format!("{passed} passed")), "{stdout}");
-}
-
 #[test]
 fn roles_decide_what_each_user_reads_and_writes_through_both_doors() {
     let python = python();
@@ -327,7 +295,7 @@ fn roles_decide_what_each_user_reads_and_writes_through_both_doors() {
         ("SLUICE_ROLES_DIR", dir.path().to_str().unwrap()),
         ("SLUICE_ROLES_ELSEWHERE", elsewhere.path().to_str().unwrap()),
     ];
-    assert_pytest_passes(&python, "test_roles.py", &env, 6);
+    assert_pytest_passes(&python, "test_roles.py", &[], &env, 6);
     server.stop();
 }
 

@@ -995,13 +995,7 @@ fn the_shell_in_cluster_mode_shows_results_without_worker_lines_or_a_stale_progr
         "select count(*) as n from nation;\nselect r_name from region order by r_name;\n\\q\n",
     )
     .unwrap();
-    let mut command = Command::new("python3");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("SLUICE_") {
-            command.env_remove(name);
-        }
-    }
-    let output = command
+    let output = common::without_sluice_env(&mut Command::new("python3"))
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/python/shell_pty.py"

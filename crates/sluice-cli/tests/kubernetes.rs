@@ -10,14 +10,12 @@ mod common;
 mod fake_kube;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, sf01_dir as sf01, signal, sluice};
+use common::{Server, assert_pytest_passes, python_clients, sf01_dir as sf01, signal, sluice};
 use fake_kube::FakeKube;
 
 const SECRET: &str = "kubernetes-test-cluster-secret";
-const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
 /// A fake API server with the cluster secret in Secret `sluice-cluster-secret`, and a `sluice
 /// server --cluster-manager kubernetes` with `flags` using it.
@@ -82,32 +80,20 @@ fn worker_pods_follow_the_load_answer_tpch_like_local_mode_and_go_when_the_drive
     );
     assert_eq!(fake.pods().len(), 1, "{:?}", fake.pods());
     let local = Server::start(&["--mode", "local"], sf01());
-    let python = common::pinned_venv(
-        "python-clients",
-        &Path::new(PYTHON_DIR).join("requirements.txt"),
-    )
-    .join("python");
-    let output = Command::new(python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(Path::new(PYTHON_DIR).join("test_flight_sql.py"))
-        .args(["-k", "test_tpch_query_equals_local_mode"])
-        .env("SLUICE_FLIGHT_SQL", &server.url)
-        .env("SLUICE_FLIGHT_SQL_LOCAL", &local.url)
-        // Read when the suite's shared helpers are imported.
-        .env("SLUICE_PG", &server.pg)
-        .env("SLUICE_PG_LOCAL", &local.pg)
-        .env("SLUICE_TPCH_QUERIES", query_files())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        stdout.lines().last().unwrap().starts_with("22 passed"),
-        "{stdout}"
+    let queries = query_files();
+    assert_pytest_passes(
+        &python_clients(),
+        "test_flight_sql.py",
+        &["-k", "test_tpch_query_equals_local_mode"],
+        &[
+            ("SLUICE_FLIGHT_SQL", &server.url),
+            ("SLUICE_FLIGHT_SQL_LOCAL", &local.url),
+            // Read when the suite's shared helpers are imported.
+            ("SLUICE_PG", &server.pg),
+            ("SLUICE_PG_LOCAL", &local.pg),
+            ("SLUICE_TPCH_QUERIES", queries.to_str().unwrap()),
+        ],
+        22,
     );
     // Regions of up to 19 tasks on 8-slot workers: the manager went up to its maximum of 3.
     assert_eq!(fake.peak(), 3, "created: {:?}", fake.created());

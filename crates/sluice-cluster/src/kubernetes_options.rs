@@ -22,21 +22,3 @@ pub struct KubernetesOptions {
     /// else the address it listens on).
     pub driver_address: Option<String>,
 }
-
-/// The defaults of [`KubernetesOptions`]' image and secret.
-pub const DEFAULT_IMAGE: &str = "sluice:latest";
-/// The default Secret holding the cluster secret (under key `secret`).
-pub const DEFAULT_SECRET: &str = "sluice-cluster-secret";
-
-impl Default for KubernetesOptions {
-    fn default() -> Self {
-        Self {
-            namespace: None,
-            image: DEFAULT_IMAGE.to_string(),
-            service_account: None,
-            pod_template: None,
-            secret: DEFAULT_SECRET.to_string(),
-            driver_address: None,
-        }
-    }
-}

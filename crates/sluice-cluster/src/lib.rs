@@ -44,7 +44,7 @@ mod worker_process;
 mod worker_server;
 
 pub use auth::{ClusterLink, ClusterSecret, ClusterTls, TlsFiles};
-pub use kubernetes_options::{DEFAULT_IMAGE, DEFAULT_SECRET, KubernetesOptions};
+pub use kubernetes_options::KubernetesOptions;
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
 
 /// Whether this build can run worker pods on Kubernetes (the `kubernetes` feature).

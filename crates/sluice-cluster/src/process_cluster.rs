@@ -14,7 +14,8 @@
 //! Invariants: a spawned worker never outlives this process: it exits when its stdin reaches end of
 //! file, which the kernel delivers however this process ends (exit, panic, SIGKILL); the cluster
 //! starts only once `min_workers` workers registered, and a child that exits before that fails the
-//! start with what it printed; while fewer than `min_workers` are live, a new process is started
+//! start with what it printed; while fewer than the floor (the smaller of `min_workers` and
+//! `workers`) are live, a new process is started
 //! in place of one that died (so a task that kills its workers fails its job by its attempt
 //! limit, not by running out of workers), at most one a second; with `workers` 0 the cluster only
 //! waits for workers started elsewhere and starts none; dropping the cluster stops the autoscaler

@@ -88,7 +88,7 @@ impl ScalingView {
                     id: w.id,
                     slots: w.slots,
                     busy: w.busy,
-                    idle: w.state() == "idle",
+                    idle: w.is_idle(),
                     draining: w.draining,
                     managed: managed(w.id),
                 })

@@ -14,12 +14,63 @@ use std::time::Duration;
 pub fn sluice() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
     command.env_remove("RUST_BACKTRACE");
+    without_sluice_env(&mut command);
+    command
+}
+
+/// `command` without the `SLUICE_*` variables of this process.
+pub fn without_sluice_env(command: &mut Command) -> &mut Command {
     for (name, _) in std::env::vars() {
         if name.starts_with("SLUICE_") {
             command.env_remove(name);
         }
     }
     command
+}
+
+/// The Python suites and helpers of the CLI's tests.
+pub const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
+
+/// The python of the venv with the pinned clients (`python/requirements.txt`), created (or
+/// refreshed when the requirements change) once per test binary. Tests of one binary run in
+/// parallel threads: the first makes it while the others wait (two `python3 -m venv` into one
+/// directory at once break each other's `ensurepip`).
+pub fn python_clients() -> PathBuf {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        pinned_venv(
+            "python-clients",
+            &Path::new(PYTHON_DIR).join("requirements.txt"),
+        )
+        .join("python")
+    })
+    .clone()
+}
+
+/// Runs the pytest suite `file` (with `args`, and `env` set) and checks that exactly its summary
+/// starts with `passed` passed.
+pub fn assert_pytest_passes(
+    python: &Path,
+    file: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    passed: usize,
+) {
+    let output = Command::new(python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(Path::new(PYTHON_DIR).join(file))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pytest failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with(&format!("{passed} passed")), "{stdout}");
 }
 
 /// Runs `sluice tpch <command> --scale <scale> --out <dir>` (`gen` or `queries`) and checks it

@@ -431,13 +431,7 @@ fn kubelet_start(shared: &Shared, pod: &Value, ip: &str) -> Result<Child, String
     };
     let name = pod["metadata"]["name"].as_str().unwrap_or_default();
     let log = std::fs::File::create(shared.logs.join(format!("{name}.log"))).unwrap();
-    let mut process = Command::new(program);
-    for (var, _) in std::env::vars() {
-        if var.starts_with("SLUICE_") {
-            process.env_remove(var);
-        }
-    }
-    let child = process
+    let child = crate::common::without_sluice_env(&mut Command::new(program))
         .args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())

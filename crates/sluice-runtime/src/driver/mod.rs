@@ -179,6 +179,11 @@ pub struct WorkerSnapshot {
 }
 
 impl WorkerSnapshot {
+    /// No attempt runs there, no live job's output may be read there, and it is not draining.
+    pub fn is_idle(&self) -> bool {
+        !self.draining && self.busy == 0 && !self.holds_outputs
+    }
+
     /// What it does now: `draining`, `busy` (an attempt runs there), `holding` (no attempt runs,
     /// but a live job's output may still be read there) or `idle`.
     pub fn state(&self) -> &'static str {

@@ -12,9 +12,6 @@ use crate::driver::reconcile::{Reconciled, WorkerBeat, reconcile};
 use crate::error::{ErrorKind, RemoteError};
 use crate::scheduler::WorkerLoss;
 
-/// Why a worker that drained and deregistered is gone.
-pub(super) const LEFT_AFTER_DRAIN: &str = "it drained and left";
-
 impl DriverActor {
     pub(super) fn check_liveness(&mut self) {
         let silent = self.registry.silent(self.options.heartbeat_timeout);
@@ -34,6 +31,15 @@ impl DriverActor {
     /// `worker` is gone: its slots leave the pool and its running attempts fail (charged to their
     /// regions when its process died, see [`WorkerLoss`]).
     pub(super) fn worker_lost(&mut self, worker: WorkerId, why: &str, loss: WorkerLoss) {
+        self.remove_worker(worker, why, loss, false);
+    }
+
+    /// `worker` drained and deregistered: gone on request (a departure when nothing ran there).
+    pub(super) fn worker_left(&mut self, worker: WorkerId) {
+        self.remove_worker(worker, "it drained and left", WorkerLoss::CutOff, true);
+    }
+
+    fn remove_worker(&mut self, worker: WorkerId, why: &str, loss: WorkerLoss, left: bool) {
         let Some((address, lost)) = self.registry.remove(worker) else {
             return;
         };
@@ -42,7 +48,7 @@ impl DriverActor {
             address: &address,
             attempts: &lost,
             why,
-            left: loss == WorkerLoss::CutOff && why == LEFT_AFTER_DRAIN,
+            left,
         });
         // Lineage first: the regions that read outputs held there wait for them to be made again,
         // so the retries below do not start readers of streams that are gone.

@@ -140,9 +140,7 @@ impl DriverActor {
                 }
             }
             DriverEvent::TaskAccepted { key, accepted } => self.registry.accepted(key, accepted),
-            DriverEvent::Deregister(worker) => {
-                self.worker_lost(worker, membership::LEFT_AFTER_DRAIN, WorkerLoss::CutOff)
-            }
+            DriverEvent::Deregister(worker) => self.worker_left(worker),
             DriverEvent::Gone { worker, why } => {
                 self.worker_lost(worker, &why, WorkerLoss::ProcessExited)
             }
