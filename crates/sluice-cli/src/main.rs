@@ -32,7 +32,8 @@ use sluice_engine::joins::JoinStrategy;
 use sluice_engine::{ExecutionMode, SluiceConfig, SluiceError};
 
 use crate::commands::{
-    ConfigArgs, DemoArgs, ExplainArgs, ServerArgs, SltArgs, SqlArgs, TpchCommand, WorkerArgs,
+    ConfigArgs, DemoArgs, ExplainArgs, ServerArgs, SimulateArgs, SltArgs, SqlArgs, TpchCommand,
+    WorkerArgs,
 };
 
 /// Sluice: a distributed SQL query engine on Apache DataFusion.
@@ -166,6 +167,9 @@ enum Command {
     /// Read a password line from stdin and print its verifier for `sluice server --users FILE`
     /// (`name:` + the verifier is one line of that file).
     HashPassword,
+    /// Simulate the driver scheduling jobs on a fleet of fake workers (no processes) and report
+    /// its transitions per second, region placement time and memory per task.
+    Simulate(SimulateArgs),
 }
 
 impl GlobalArgs {

@@ -230,12 +230,13 @@ impl ProcessCluster {
             pods: None,
             _work_dir: work_dir,
         };
-        let mut manager: Arc<dyn ClusterManager> = Arc::new(cluster.workers.clone());
         #[cfg(feature = "kubernetes")]
-        if let Some(kubernetes) = &options.kubernetes {
-            let pods = cluster.start_pods(kubernetes, &options).await?;
-            manager = Arc::new(pods);
-        }
+        let manager: Arc<dyn ClusterManager> = match &options.kubernetes {
+            Some(kubernetes) => Arc::new(cluster.start_pods(kubernetes, &options).await?),
+            None => Arc::new(cluster.workers.clone()),
+        };
+        #[cfg(not(feature = "kubernetes"))]
+        let manager: Arc<dyn ClusterManager> = Arc::new(cluster.workers.clone());
         // The autoscaler runs from the start: a worker that dies while the others are still
         // joining is replaced like any other.
         if options.workers > 0 {

@@ -199,6 +199,7 @@ pub(crate) fn encode_definition(definition: &TaskDefinition) -> Result<Vec<u8>> 
                 stage: to_u32(input.stage.0, "stage")?,
                 mode: input_mode_to_proto(input.mode) as i32,
                 partitions,
+                first_partition: to_u32(input.first, "first partition")?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -267,6 +268,7 @@ pub(crate) fn decode_definition(bytes: &[u8], ctx: &TaskContext) -> Result<TaskD
                 stage: StageId(input.stage as usize),
                 mode: input_mode_from_proto(input.mode)?,
                 partitions,
+                first: input.first_partition as usize,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -531,6 +533,7 @@ pub(crate) mod tests {
                     address: "127.0.0.1:1".into(),
                     stream: producer.of_job(JobId(7)).stream(2).replica(0),
                 }]],
+                first: 2,
             }],
             output: OutputDistribution::Hash {
                 keys: vec![col("k", &schema).unwrap()],

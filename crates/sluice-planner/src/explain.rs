@@ -10,6 +10,7 @@ use std::fmt::Write;
 use datafusion::physical_plan::displayable;
 use serde_json::{Value, json};
 
+use crate::ids::RegionId;
 use crate::job_graph::{JobGraph, Stage};
 use crate::topology::TaskRegion;
 
@@ -66,10 +67,11 @@ pub fn explain_text(graph: &JobGraph) -> String {
     }
     let _ = writeln!(out, "Regions:");
     for (id, region) in topology.regions().iter().enumerate() {
-        let depends = if region.depends_on.is_empty() {
+        let dependencies = topology.dependency_regions(RegionId(id));
+        let depends = if dependencies.is_empty() {
             String::new()
         } else {
-            let ids: Vec<String> = region.depends_on.iter().map(|r| r.0.to_string()).collect();
+            let ids: Vec<String> = dependencies.iter().map(|r| r.0.to_string()).collect();
             format!(" after region {}", ids.join(", "))
         };
         let _ = writeln!(
@@ -115,7 +117,11 @@ pub fn explain_json(graph: &JobGraph) -> Value {
             json!({
                 "id": id,
                 "tasks": region.tasks.iter().map(|t| json!([t.stage.0, t.partition])).collect::<Vec<_>>(),
-                "depends_on": region.depends_on.iter().map(|r| r.0).collect::<Vec<_>>(),
+                "depends_on": topology
+                    .dependency_regions(RegionId(id))
+                    .iter()
+                    .map(|r| r.0)
+                    .collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -26,11 +26,12 @@ pub use ids::{
     AttemptKey, InputKey, JobId, RegionId, StageId, StreamId, TaskAttempt, TaskId, TaskStreamKey,
     WorkerId,
 };
-pub use job_graph::input_keys::task_input_keys;
+pub use job_graph::input_keys::{task_input_keys, task_input_keys_of};
+pub use job_graph::partition_reads::{InputReads, input_reads};
 pub use job_graph::{
     DISTRIBUTED_BROADCAST_THRESHOLD, DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions,
     OutputDistribution, OutputMode, Stage, StageInput, TaskPlacement, WireCheck,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;
-pub use topology::{JobTopology, TaskRegion};
+pub use topology::{ComponentId, Dependency, JobTopology, TaskRegion};

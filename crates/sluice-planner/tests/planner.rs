@@ -462,8 +462,27 @@ async fn forward_components_are_sliced_per_partition_and_blocking_outputs_end_co
     assert_eq!(pairs(1), [(0, 1), (1, 1)]);
     // Stage 1 is Blocking: stages 2 and 3 form the next region, after both slices.
     assert_eq!(pairs(2), [(2, 0), (2, 1), (2, 2), (3, 0)]);
-    let deps: Vec<usize> = regions[2].depends_on.iter().map(|r| r.0).collect();
+    let deps: Vec<usize> = t
+        .dependency_regions(sluice_planner::RegionId(2))
+        .iter()
+        .map(|r| r.0)
+        .collect();
     assert_eq!(deps, [0, 1]);
+    // Kept as one dependency on the sliced component, whose regions both list region 2 as reader.
+    assert_eq!(
+        regions[2].depends_on,
+        [sluice_planner::Dependency::Component(
+            sluice_planner::ComponentId(0)
+        )]
+    );
+    for r in 0..2 {
+        let readers: Vec<usize> = t
+            .readers(sluice_planner::RegionId(r))
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(readers, [2]);
+    }
+    assert_eq!(t.components(), [0..2, 2..3]);
     assert!(regions[0].depends_on.is_empty());
 }
 
@@ -491,8 +510,10 @@ async fn a_forward_consumer_of_a_blocking_producer_depends_on_the_same_partition
             (1, p)
         );
         assert_eq!(
-            consumer.depends_on.iter().map(|r| r.0).collect::<Vec<_>>(),
-            [p]
+            consumer.depends_on,
+            [sluice_planner::Dependency::Region(
+                sluice_planner::RegionId(p)
+            )]
         );
     }
 }

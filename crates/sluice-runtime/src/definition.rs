@@ -79,8 +79,11 @@ pub struct TaskInputStreams {
     pub stage: StageId,
     /// How it is read.
     pub mode: InputMode,
-    /// Per input partition, the streams it reads, in order.
+    /// Per input partition the task reads, the streams it reads, in order: `partitions[k]` is
+    /// input partition `first + k`.
     pub partitions: Vec<Vec<StreamLocator>>,
+    /// The first input partition listed (0 unless the task reads only its own partition).
+    pub first: usize,
 }
 
 /// Everything a worker needs to run one task attempt.

@@ -34,6 +34,7 @@ pub mod plan;
 pub mod runner;
 pub mod scaling;
 pub mod scheduler;
+pub mod simulation;
 pub mod stream_store;
 pub mod task;
 pub mod task_runtime;

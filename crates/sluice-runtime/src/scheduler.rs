@@ -47,7 +47,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use sluice_planner::{JobGraph, JobId, RegionId, TaskAttempt, TaskId};
+use sluice_planner::{Dependency, JobGraph, JobId, RegionId, TaskAttempt, TaskId};
 
 use crate::error::{ErrorKind, RemoteError};
 
@@ -232,9 +232,75 @@ struct Job {
     failures: HashMap<RegionId, usize>,
     /// What each failed attempt of a region met, oldest first.
     met: HashMap<RegionId, Vec<String>>,
+    /// Per component of the topology, its regions that have not succeeded (kept by `set_region`).
+    unfinished: Vec<usize>,
+    /// Regions that have succeeded (kept by `set_region`).
+    succeeded_regions: usize,
 }
 
 impl Job {
+    fn new(graph: Arc<JobGraph>, policy: RetryPolicy) -> Self {
+        let topology = graph.topology();
+        let regions = topology.regions().len();
+        Self {
+            policy,
+            regions: vec![RegionState::Waiting; regions],
+            next_attempt: vec![0; regions],
+            unfinished: topology.components().iter().map(|r| r.len()).collect(),
+            succeeded_regions: 0,
+            graph,
+            sequences: HashMap::new(),
+            failures: HashMap::new(),
+            met: HashMap::new(),
+        }
+    }
+
+    /// Moves `region` to `state`, keeping the counts of succeeded regions.
+    fn set_region(&mut self, region: RegionId, state: RegionState) {
+        let Some(slot) = self.regions.get_mut(region.0) else {
+            return;
+        };
+        let was = matches!(slot, RegionState::Succeeded { .. });
+        let is = matches!(state, RegionState::Succeeded { .. });
+        *slot = state;
+        let component = self.graph.topology().component_of(region);
+        let unfinished = component.and_then(|c| self.unfinished.get_mut(c.0));
+        match (was, is, unfinished) {
+            (false, true, Some(unfinished)) => {
+                *unfinished = unfinished.saturating_sub(1);
+                self.succeeded_regions += 1;
+            }
+            (true, false, Some(unfinished)) => {
+                *unfinished += 1;
+                self.succeeded_regions = self.succeeded_regions.saturating_sub(1);
+            }
+            _ => {}
+        }
+    }
+
+    fn region_succeeded(&self, region: RegionId) -> bool {
+        matches!(
+            self.regions.get(region.0),
+            Some(RegionState::Succeeded { .. })
+        )
+    }
+
+    /// Whether `region` waits and everything it depends on has succeeded.
+    fn is_ready(&self, region: RegionId) -> bool {
+        let topology = self.graph.topology();
+        let Some(task_region) = topology.regions().get(region.0) else {
+            return false;
+        };
+        self.regions.get(region.0) == Some(&RegionState::Waiting)
+            && task_region.depends_on.iter().all(|d| match d {
+                Dependency::Region(r) => self.region_succeeded(*r),
+                Dependency::Component(c) => self.unfinished.get(c.0) == Some(&0),
+            })
+    }
+
+    fn all_succeeded(&self) -> bool {
+        self.succeeded_regions == self.regions.len()
+    }
     fn region_of(&self, task: TaskId) -> Option<RegionId> {
         self.graph.topology().region_of(task)
     }
@@ -337,15 +403,7 @@ impl JobScheduler {
     ) -> (JobId, Vec<SchedulerAction>) {
         let job_id = JobId(self.next_job);
         self.next_job += 1;
-        let job = Job {
-            policy,
-            regions: vec![RegionState::Waiting; graph.topology().regions().len()],
-            next_attempt: vec![0; graph.topology().regions().len()],
-            graph,
-            sequences: HashMap::new(),
-            failures: HashMap::new(),
-            met: HashMap::new(),
-        };
+        let job = Job::new(graph, policy);
         self.jobs.insert(job_id, job);
         let actions = self.start_ready_regions(job_id);
         (job_id, actions)
@@ -373,14 +431,7 @@ impl JobScheduler {
         };
         let graph = Arc::clone(&state.graph);
         let topology = graph.topology();
-        let regions = topology.regions();
-        let dependents = |region: RegionId| {
-            regions
-                .iter()
-                .enumerate()
-                .filter(move |(_, r)| r.depends_on.contains(&region))
-                .map(|(id, _)| RegionId(id))
-        };
+        let dependents = |region: RegionId| topology.readers(region);
         let mut lost: BTreeSet<RegionId> = tasks
             .iter()
             .filter_map(|task| state.region_of(*task))
@@ -440,7 +491,7 @@ impl JobScheduler {
                             .map(|task| TaskAttempt { task, attempt })
                             .collect(),
                     });
-                    state.regions[reader.0] = RegionState::Waiting;
+                    state.set_region(reader, RegionState::Waiting);
                     readers.push(reader);
                 } else if state.regions[reader.0] == RegionState::Waiting {
                     readers.push(reader);
@@ -448,7 +499,7 @@ impl JobScheduler {
             }
         }
         for producer in &producers {
-            state.regions[producer.0] = RegionState::Waiting;
+            state.set_region(*producer, RegionState::Waiting);
         }
         actions.push(SchedulerAction::RegionsRerun {
             job,
@@ -611,19 +662,15 @@ impl JobScheduler {
         let Some(attempt) = done else {
             return Vec::new();
         };
-        state.regions[region.0] = RegionState::Succeeded { attempt };
-        if state
-            .regions
-            .iter()
-            .all(|r| matches!(r, RegionState::Succeeded { .. }))
-        {
+        state.set_region(region, RegionState::Succeeded { attempt });
+        if state.all_succeeded() {
             self.jobs.remove(&job);
             return vec![
                 SchedulerAction::JobSucceeded { job },
                 SchedulerAction::CleanUpJob { job },
             ];
         }
-        self.start_ready_regions(job)
+        self.start_readers(job, region)
     }
 
     fn region_failed(
@@ -730,29 +777,45 @@ impl JobScheduler {
         actions
     }
 
+    /// Starts every region that is ready (a scan of the job's regions: at its start and after a
+    /// lineage re-run, never per report).
     fn start_ready_regions(&mut self, job: JobId) -> Vec<SchedulerAction> {
         let Some(state) = self.jobs.get_mut(&job) else {
             return Vec::new();
         };
-        let graph = Arc::clone(&state.graph);
-        let ready: Vec<RegionId> = graph
-            .topology()
-            .regions()
-            .iter()
-            .enumerate()
-            .filter(|(id, region)| {
-                state.regions[*id] == RegionState::Waiting
-                    && region
-                        .depends_on
-                        .iter()
-                        .all(|d| matches!(state.regions[d.0], RegionState::Succeeded { .. }))
-            })
-            .map(|(id, _)| RegionId(id))
+        let ready: Vec<RegionId> = (0..state.regions.len())
+            .map(RegionId)
+            .filter(|region| state.is_ready(*region))
             .collect();
         ready
             .into_iter()
             .map(|region| start_region(job, state, region))
             .collect()
+    }
+
+    /// Starts the readers of `region` (which just succeeded) that are ready now: those waiting
+    /// for it alone, and those waiting for its whole component once that finished.
+    fn start_readers(&mut self, job: JobId, region: RegionId) -> Vec<SchedulerAction> {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        let graph = Arc::clone(&state.graph);
+        let topology = graph.topology();
+        let mut candidates = topology.region_readers(region).to_vec();
+        // A component's readers are looked at once, when its last region succeeds: each success
+        // costs its own readers, not the width of the next stage.
+        if let Some(component) = topology.component_of(region)
+            && state.unfinished.get(component.0) == Some(&0)
+        {
+            candidates.extend_from_slice(topology.component_readers(component));
+        }
+        let mut actions = Vec::new();
+        for reader in candidates {
+            if state.is_ready(reader) {
+                actions.push(start_region(job, state, reader));
+            }
+        }
+        actions
     }
 }
 
@@ -761,10 +824,13 @@ fn start_region(job: JobId, state: &mut Job, region: RegionId) -> SchedulerActio
     let attempt = state.next_attempt[region.0];
     state.next_attempt[region.0] += 1;
     let tasks = state.region_tasks(region);
-    state.regions[region.0] = RegionState::Running {
-        attempt,
-        remaining: tasks.iter().copied().collect(),
-    };
+    state.set_region(
+        region,
+        RegionState::Running {
+            attempt,
+            remaining: tasks.iter().copied().collect(),
+        },
+    );
     SchedulerAction::RunRegion {
         job,
         region,

@@ -4,6 +4,7 @@ mod config;
 mod demo;
 mod explain;
 mod server;
+mod simulate;
 mod slt;
 mod sql;
 mod tpch;
@@ -18,6 +19,7 @@ pub use config::ConfigArgs;
 pub use demo::DemoArgs;
 pub use explain::ExplainArgs;
 pub use server::ServerArgs;
+pub use simulate::SimulateArgs;
 pub use slt::SltArgs;
 pub use sql::{SqlArgs, run_remote, run_statements};
 pub use tpch::TpchCommand;
@@ -37,5 +39,6 @@ pub fn run(command: Command, config: SluiceConfig, runtime: &Runtime) -> Result<
         Command::Worker(args) => worker::run(args, &config, runtime),
         Command::Server(args) => server::run(args, &config, runtime),
         Command::HashPassword => server::hash_password(),
+        Command::Simulate(args) => simulate::run(args, &config),
     }
 }

@@ -32,6 +32,31 @@ pub fn task_input_keys(
     input_partitions: usize,
     task: usize,
 ) -> Result<Vec<Vec<InputKey>>> {
+    task_input_keys_of(
+        mode,
+        producer_partitions,
+        producer_channels,
+        input_partitions,
+        task,
+        0..input_partitions,
+    )
+}
+
+/// [`task_input_keys`] for the input partitions in `wanted` only (element `k` lists the streams
+/// of input partition `wanted.start + k`): a task that reads one partition costs one, not all.
+pub fn task_input_keys_of(
+    mode: InputMode,
+    producer_partitions: usize,
+    producer_channels: usize,
+    input_partitions: usize,
+    task: usize,
+    wanted: std::ops::Range<usize>,
+) -> Result<Vec<Vec<InputKey>>> {
+    if wanted.end > input_partitions {
+        return plan_err!(
+            "input partitions {wanted:?} asked of an input with {input_partitions} partitions"
+        );
+    }
     let expected = match mode {
         InputMode::Forward | InputMode::Merge => Some(producer_partitions),
         InputMode::Shuffle | InputMode::Broadcast => Some(producer_channels),
@@ -53,7 +78,7 @@ pub fn task_input_keys(
         channel,
         replica,
     };
-    let keys = (0..input_partitions)
+    let keys = wanted
         .map(|i| match mode {
             InputMode::Forward => (0..producer_channels).map(|c| key(i, c, 0)).collect(),
             InputMode::Merge => (0..producer_channels).map(|c| key(i, c, task)).collect(),
@@ -75,6 +100,27 @@ mod tests {
         keys.iter()
             .map(|k| (k.partition, k.channel, k.replica))
             .collect()
+    }
+
+    #[test]
+    fn the_keys_of_some_partitions_equal_those_of_every_partition_at_the_same_places() {
+        for mode in [
+            InputMode::Forward,
+            InputMode::Merge,
+            InputMode::Shuffle,
+            InputMode::Broadcast,
+            InputMode::Rescale,
+        ] {
+            let (partitions, channels) = match mode {
+                InputMode::Shuffle | InputMode::Broadcast => (6, 4),
+                InputMode::Rescale => (6, 1),
+                _ => (4, 2),
+            };
+            let every = task_input_keys(mode, partitions, channels, 4, 2).unwrap();
+            let some = task_input_keys_of(mode, partitions, channels, 4, 2, 1..3).unwrap();
+            assert_eq!(some, every[1..3], "{mode:?}");
+        }
+        assert!(task_input_keys_of(InputMode::Forward, 4, 1, 4, 0, 3..5).is_err());
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 mod builder;
 pub mod input_keys;
+pub mod partition_reads;
 pub mod rewrites;
 mod wire_fidelity;
 

@@ -2,8 +2,9 @@
 //!
 //! ```text
 //!   stage s, partition p, attempt a ─► plan: the stage's shipped plan
-//!                                   ─► inputs: task_inputs(graph, s, p) keys, each resolved to the
-//!                                      producer's latest attempt and the address of where it runs
+//!                                   ─► inputs: task_inputs(graph, shape, s, p) keys (only partition
+//!                                      p of an input the task reads partition-wise), each resolved
+//!                                      to the producer's latest attempt and where it runs
 //!                                   ─► output: the stage's distribution, replicas and output mode
 //! ```
 //!
@@ -33,7 +34,10 @@ pub(super) fn task_definition(
     let plan = entry.plans.get(stage_id.0).cloned().ok_or_else(|| {
         DataFusionError::Internal(format!("job {job}: stage {stage_id} was not shipped"))
     })?;
-    let inputs = task_inputs(graph, stage_id, attempt.task.partition)?
+    let shape = entry.shapes.get(stage_id.0).ok_or_else(|| {
+        DataFusionError::Internal(format!("job {job}: stage {stage_id} has no shape"))
+    })?;
+    let inputs = task_inputs(graph, shape, stage_id, attempt.task.partition)?
         .into_iter()
         .map(|input| {
             let partitions = input
@@ -73,6 +77,7 @@ pub(super) fn task_definition(
                 stage: input.stage,
                 mode: input.mode,
                 partitions,
+                first: input.first,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -37,6 +37,8 @@ pub(super) struct JobEntry {
     pub graph: Arc<JobGraph>,
     /// Per stage, the plan its tasks run.
     pub plans: Vec<StagePlan>,
+    /// Per stage, what building its tasks' inputs needs (computed once).
+    pub shapes: Vec<crate::task::StageShape>,
     pub config: Arc<HashMap<String, String>>,
     /// The session's own memory limit, held per task (see `TaskDefinition::memory_limit`).
     pub memory_limit: Option<u64>,
@@ -44,8 +46,12 @@ pub(super) struct JobEntry {
     pub analyze: bool,
     pub placed: HashMap<TaskAttempt, Location>,
     pub latest: HashMap<TaskId, usize>,
-    /// Tasks whose latest attempt succeeded, with that attempt.
+    /// Tasks whose latest attempt succeeded, with that attempt (changed through
+    /// [`JobEntry::task_succeeded`], [`JobEntry::forget_success`] and [`JobEntry::place`] only,
+    /// which keep `done_per_stage` equal to its count per stage).
     pub succeeded: HashMap<TaskId, usize>,
+    /// Per stage, how many of its tasks are in `succeeded`.
+    done_per_stage: Vec<usize>,
     pub metrics: HashMap<TaskAttempt, TaskMetrics>,
     /// Final-stage attempts whose streams the output reads.
     pub announced: HashMap<TaskId, usize>,
@@ -63,26 +69,29 @@ pub(super) struct JobEntry {
 }
 
 impl JobEntry {
-    /// A job just accepted, none of its tasks placed.
+    /// A job just accepted, none of its tasks placed; each stage's plan and shape come together.
     pub fn new(
         job: sluice_planner::JobId,
         graph: Arc<JobGraph>,
-        plans: Vec<StagePlan>,
+        (plans, shapes): (Vec<StagePlan>, Vec<crate::task::StageShape>),
         config: Arc<HashMap<String, String>>,
         memory_limit: Option<u64>,
         label: Option<Arc<super::JobLabel>>,
         output: mpsc::UnboundedSender<OutputCommand>,
     ) -> Self {
         let record = super::JobRecord::of_graph(job.0, label.clone(), &graph);
+        let done_per_stage = vec![0; graph.stages().len()];
         Self {
             analyze: crate::analyze::is_analyze(&graph),
             graph,
             plans,
+            shapes,
             config,
             memory_limit,
             placed: HashMap::new(),
             latest: HashMap::new(),
             succeeded: HashMap::new(),
+            done_per_stage,
             metrics: HashMap::new(),
             announced: HashMap::new(),
             retries: 0,
@@ -149,15 +158,37 @@ impl JobEntry {
     pub fn place(&mut self, attempt: TaskAttempt, location: Location) {
         self.placed.insert(attempt, location);
         self.latest.insert(attempt.task, attempt.attempt);
-        self.succeeded.remove(&attempt.task);
+        self.forget_success(attempt.task);
     }
 
-    /// Whether every task of `stage` has succeeded.
+    /// Records that `attempt` succeeded: its task's output is the one consumers read.
+    pub fn task_succeeded(&mut self, attempt: TaskAttempt) {
+        if self
+            .succeeded
+            .insert(attempt.task, attempt.attempt)
+            .is_none()
+            && let Some(done) = self.done_per_stage.get_mut(attempt.task.stage.0)
+        {
+            *done += 1;
+        }
+    }
+
+    /// `task`'s success no longer stands (its output was lost, or it runs again).
+    pub fn forget_success(&mut self, task: TaskId) {
+        if self.succeeded.remove(&task).is_some()
+            && let Some(done) = self.done_per_stage.get_mut(task.stage.0)
+        {
+            *done = done.saturating_sub(1);
+        }
+    }
+
+    /// Whether every task of `stage` has succeeded (a count kept as successes come and go, so a
+    /// report costs the same whatever the stage's width).
     pub fn stage_complete(&self, stage: StageId) -> bool {
-        self.graph.stage(stage).is_some_and(|s| {
-            (0..s.partitions())
-                .all(|partition| self.succeeded.contains_key(&TaskId { stage, partition }))
-        })
+        match (self.graph.stage(stage), self.done_per_stage.get(stage.0)) {
+            (Some(s), Some(done)) => *done == s.partitions(),
+            _ => false,
+        }
     }
 
     /// What each task's succeeded attempt reported.

@@ -8,9 +8,12 @@
 //!   [`WorkerRegistry::free`] or its worker's [`WorkerRegistry::remove`], exactly once;
 //! - a draining worker keeps its running attempts but is offered no new ones;
 //! - a worker is silent when it sends heartbeats ([`Liveness::Heartbeats`]) and none arrived for
-//!   longer than the timeout; in-process workers are never silent.
+//!   longer than the timeout; in-process workers are never silent;
+//! - `on_worker` and `held` are indexes of `running` (per worker, per job), changed with it in
+//!   `hold`, `free` and `remove` only, so no question about one worker or one job scans every
+//!   running attempt.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +45,10 @@ pub(crate) struct WorkerRegistry {
     running: HashMap<AttemptKey, Location>,
     /// Of the running attempts, the acceptance number their worker answered to `RunTask`.
     accepted: HashMap<AttemptKey, u64>,
+    /// The running attempts of each worker.
+    on_worker: HashMap<WorkerId, BTreeSet<AttemptKey>>,
+    /// Worker slots each job's running attempts hold.
+    held: HashMap<JobId, usize>,
     /// The driver's own executor (driver-placed stages).
     executor: ExecutorEndpoint,
 }
@@ -54,6 +61,8 @@ impl WorkerRegistry {
             next_worker: 1,
             running: HashMap::new(),
             accepted: HashMap::new(),
+            on_worker: HashMap::new(),
+            held: HashMap::new(),
             executor,
         }
     }
@@ -98,18 +107,15 @@ impl WorkerRegistry {
     /// hold slots. `None` when it was not registered.
     pub fn remove(&mut self, worker: WorkerId) -> Option<(String, Vec<AttemptKey>)> {
         let entry = self.workers.remove(&worker)?;
-        let here = Location::Worker(worker);
-        let mut lost: Vec<AttemptKey> = self
-            .running
-            .iter()
-            .filter(|(_, location)| **location == here)
-            .map(|(key, _)| *key)
-            .collect();
-        lost.sort();
+        let lost: Vec<AttemptKey> = self
+            .on_worker
+            .get(&worker)
+            .map(|keys| keys.iter().copied().collect())
+            .unwrap_or_default();
         for key in &lost {
-            self.running.remove(key);
-            self.accepted.remove(key);
+            self.unhold(*key);
         }
+        self.on_worker.remove(&worker);
         Some((entry.registration.address, lost))
     }
 
@@ -169,22 +175,43 @@ impl WorkerRegistry {
 
     /// `key` runs at `location` (a slot held there when it is a worker).
     pub fn hold(&mut self, key: AttemptKey, location: Location) {
+        // Held again (never expected): the earlier hold is given back first.
+        self.free(key);
         self.running.insert(key, location);
-        if let Location::Worker(w) = location
-            && let Some(worker) = self.workers.get_mut(&w)
-        {
-            worker.busy += 1;
+        if let Location::Worker(w) = location {
+            self.on_worker.entry(w).or_default().insert(key);
+            *self.held.entry(key.job).or_insert(0) += 1;
+            if let Some(worker) = self.workers.get_mut(&w) {
+                worker.busy += 1;
+            }
         }
     }
 
     /// `key` no longer runs: its slot is free again.
     pub fn free(&mut self, key: AttemptKey) {
-        self.accepted.remove(&key);
-        if let Some(Location::Worker(w)) = self.running.remove(&key)
+        if let Some(Location::Worker(w)) = self.unhold(key)
             && let Some(worker) = self.workers.get_mut(&w)
         {
             worker.busy = worker.busy.saturating_sub(1);
         }
+    }
+
+    /// Forgets running attempt `key` and its index entries; where it ran.
+    fn unhold(&mut self, key: AttemptKey) -> Option<Location> {
+        self.accepted.remove(&key);
+        let location = self.running.remove(&key)?;
+        if let Location::Worker(w) = location {
+            if let Some(keys) = self.on_worker.get_mut(&w) {
+                keys.remove(&key);
+            }
+            if let Some(held) = self.held.get_mut(&key.job) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    self.held.remove(&key.job);
+                }
+            }
+        }
+        Some(location)
     }
 
     /// Where running attempt `key` runs.
@@ -211,23 +238,17 @@ impl WorkerRegistry {
 
     /// The attempts running on `worker` with the acceptance numbers they got (if known yet).
     pub fn running_on(&self, worker: WorkerId) -> Vec<(AttemptKey, Option<u64>)> {
-        let here = Location::Worker(worker);
-        self.running
-            .iter()
-            .filter(|(_, location)| **location == here)
-            .map(|(key, _)| (*key, self.accepted.get(key).copied()))
+        self.on_worker
+            .get(&worker)
+            .into_iter()
+            .flatten()
+            .map(|key| (*key, self.accepted.get(key).copied()))
             .collect()
     }
 
     /// Worker slots each job's running attempts hold.
-    pub fn slots_held(&self) -> HashMap<JobId, usize> {
-        let mut held = HashMap::new();
-        for (key, location) in &self.running {
-            if matches!(location, Location::Worker(_)) {
-                *held.entry(key.job).or_insert(0) += 1;
-            }
-        }
-        held
+    pub fn slots_held(&self) -> &HashMap<JobId, usize> {
+        &self.held
     }
 
     /// The client of the worker (or driver executor) at `location`, while it is registered.

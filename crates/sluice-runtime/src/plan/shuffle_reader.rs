@@ -41,6 +41,8 @@ pub struct ShuffleReaderExec {
     stage: StageId,
     mode: InputMode,
     keys: Vec<Vec<InputKey>>,
+    /// The input partition `keys[0]` belongs to.
+    first: usize,
     store: Arc<dyn TaskStreams>,
     properties: Arc<PlanProperties>,
     replay: bool,
@@ -75,12 +77,20 @@ impl ShuffleReaderExec {
             stage,
             mode,
             keys,
+            first: 0,
             store,
             properties,
             replay: false,
             replays: Mutex::new(HashMap::new()),
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// `keys` list input partitions `first..` only: the task reads no other (see
+    /// `sluice_planner::input_reads`), and executing another fails.
+    pub fn with_first_partition(mut self, first: usize) -> Self {
+        self.first = first;
+        self
     }
 
     /// Lets each partition be executed more than once (see the module docs).
@@ -91,11 +101,17 @@ impl ShuffleReaderExec {
 
     /// The streams of input `partition`, merged in the declared order if there is one.
     fn open(&self, partition: usize, context: &TaskContext) -> Result<SendableRecordBatchStream> {
-        let Some(keys) = self.keys.get(partition) else {
+        let Some(keys) = partition
+            .checked_sub(self.first)
+            .and_then(|index| self.keys.get(index))
+        else {
             return internal_err!(
-                "ShuffleReaderExec of stage {} has {} partitions; partition {partition} does not exist",
+                "ShuffleReaderExec of stage {}: partition {partition} was not given to this task \
+                 (it reads partitions {}..{} of {})",
                 self.stage,
-                self.keys.len()
+                self.first,
+                self.first + self.keys.len(),
+                self.properties.partitioning.partition_count()
             );
         };
         let mut streams = keys
@@ -203,7 +219,7 @@ impl DisplayAs for ShuffleReaderExec {
             "ShuffleReaderExec: stage={}, mode={}, partitions={}",
             self.stage,
             self.mode.name(),
-            self.keys.len()
+            self.properties.partitioning.partition_count()
         )
     }
 }
@@ -258,5 +274,85 @@ impl ExecutionPlan for ShuffleReaderExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+    use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+    use futures::TryStreamExt;
+
+    use super::*;
+    use crate::stream_store::TaskSender;
+
+    /// Serves every stream as one row holding its producer partition.
+    #[derive(Debug)]
+    struct OneRowPerStream(Arc<Schema>);
+
+    impl TaskStreams for OneRowPerStream {
+        fn take_stream(&self, _stage: StageId, key: InputKey) -> Result<SendableRecordBatchStream> {
+            let batch = RecordBatch::try_new(
+                Arc::clone(&self.0),
+                vec![Arc::new(Int64Array::from(vec![key.partition as i64]))],
+            )?;
+            Ok(Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.0),
+                stream::iter([Ok(batch)]),
+            )))
+        }
+
+        fn take_sender(&self, _stage: StageId, partition: usize) -> Result<TaskSender> {
+            internal_err!("no output for partition {partition} here")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_given_one_partition_reads_it_and_fails_on_any_other_rather_than_read_nothing()
+    {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(4),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        let key = |partition| InputKey {
+            partition,
+            channel: 0,
+            replica: 0,
+        };
+        let reader = ShuffleReaderExec::new(
+            StageId(0),
+            InputMode::Forward,
+            vec![vec![key(2)]],
+            Arc::new(OneRowPerStream(schema)),
+            properties,
+        )
+        .with_first_partition(2);
+        let context = Arc::new(TaskContext::default());
+        let batches: Vec<RecordBatch> = reader
+            .execute(2, Arc::clone(&context))
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let values = batches[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!(values.values(), &[2]);
+        for other in [0, 1, 3] {
+            let error = reader.execute(other, Arc::clone(&context)).err().unwrap();
+            assert!(
+                error.to_string().contains(&format!(
+                    "partition {other} was not given to this task (it reads partitions 2..3 of 4)"
+                )),
+                "{error}"
+            );
+        }
     }
 }

@@ -153,6 +153,7 @@ impl AttemptStreams {
                 stage: input.stage,
                 mode: input.mode,
                 keys,
+                first: input.first,
             });
         }
         let mut schemas = HashMap::new();

@@ -41,7 +41,22 @@ impl DriverActor {
     /// Places waiting regions while they fit, the job holding fewest slots first (see
     /// [`next_region`]).
     pub(super) fn place_waiting(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        // The workers' slots, read once and kept up to date with what this call places (nothing
+        // else changes them until it returns): placing many small regions costs each one its
+        // tasks, not a walk over every worker.
+        let mut slots = self.registry.slots();
+        let slot_index: std::collections::HashMap<_, usize> = slots
+            .iter()
+            .enumerate()
+            .map(|(index, s)| (s.worker, index))
+            .collect();
         loop {
+            if self.waiting.is_empty() {
+                return;
+            }
             let jobs: Vec<JobId> = self.waiting.iter().map(|(job, _, _)| *job).collect();
             let held = self.registry.slots_held();
             let Some(index) = next_region(&jobs, |job| held.get(&job).copied().unwrap_or(0)) else {
@@ -57,13 +72,19 @@ impl DriverActor {
                 continue;
             }
             let ids: Vec<TaskId> = tasks.iter().map(|t| t.task).collect();
-            let slots = self.registry.slots();
             let placement = match self.jobs.get(&job) {
                 Some(entry) => place(&ids, &JobView(entry), &slots),
                 None => continue,
             };
             match placement {
                 Placement::Placed(locations) => {
+                    for location in &locations {
+                        if let Location::Worker(worker) = location
+                            && let Some(s) = slot_index.get(worker).and_then(|i| slots.get_mut(*i))
+                        {
+                            s.free = s.free.saturating_sub(1);
+                        }
+                    }
                     self.short_of_capacity.remove(&(job, region));
                     self.launch(job, &tasks, &locations);
                 }
@@ -103,6 +124,9 @@ impl DriverActor {
                     }
                     let actions = self.scheduler.cancel_job(job);
                     self.perform(actions);
+                    // What the failed job held (and whatever `perform` did) changed the slots:
+                    // go on from a fresh reading of them.
+                    return self.place_waiting();
                 }
             }
         }

@@ -75,7 +75,7 @@ impl DriverActor {
             }
             outputs.sort();
             for task in &outputs {
-                entry.succeeded.remove(task);
+                entry.forget_success(*task);
             }
             let actions = self.scheduler.outputs_lost(job, &outputs);
             self.perform(actions);

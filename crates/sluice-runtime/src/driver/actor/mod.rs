@@ -310,8 +310,10 @@ impl DriverActor {
             output,
             reply,
         } = submission;
-        let plans = match ship_stages(&graph, &context) {
-            Ok(plans) => plans,
+        let shipped = ship_stages(&graph, &context)
+            .and_then(|plans| Ok((plans, crate::task::StageShape::of_graph(&graph)?)));
+        let shipped = match shipped {
+            Ok(shipped) => shipped,
             Err(e) => {
                 let _ = reply.send(Err(e));
                 return;
@@ -334,7 +336,7 @@ impl DriverActor {
         let entry = JobEntry::new(
             job,
             graph,
-            plans,
+            shipped,
             Arc::new(config),
             memory_limit,
             label,
@@ -346,11 +348,14 @@ impl DriverActor {
     }
 
     fn perform(&mut self, actions: Vec<SchedulerAction>) {
+        // Regions started together (a stage of single-task regions ready at once) are placed in
+        // one pass over the workers' slots, after the other actions.
+        let mut started = false;
         for action in actions {
             match action {
                 SchedulerAction::RunRegion { job, region, tasks } => {
                     self.waiting.push_back((job, region, tasks));
-                    self.place_waiting();
+                    started = true;
                 }
                 SchedulerAction::StopTasks { job, tasks } => {
                     for attempt in tasks {
@@ -448,6 +453,9 @@ impl DriverActor {
                     }
                 }
             }
+        }
+        if started {
+            self.place_waiting();
         }
     }
 

@@ -133,7 +133,7 @@ impl DriverActor {
             return;
         };
         entry.metrics.insert(attempt, metrics);
-        entry.succeeded.insert(attempt.task, attempt.attempt);
+        entry.task_succeeded(attempt);
         let stage_id = attempt.task.stage;
         if !entry.stage_complete(stage_id) {
             return;
