@@ -20,10 +20,10 @@
 //! `O(W)` per stage, not `O(W²)`, and the scheduler tracks a component's unfinished regions with
 //! one counter.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ops::Range;
 
-use datafusion::common::{Result, internal_err};
+use datafusion::common::{HashMap, Result, internal_err};
 
 use crate::ids::{RegionId, StageId, TaskId};
 use crate::job_graph::{InputMode, OutputMode, Stage};

@@ -44,8 +44,10 @@
 //! - job ids come from here, one sequence per driver; a finished job (succeeded, failed or cancelled)
 //!   is forgotten, so scheduler state does not grow.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
+
+use datafusion::common::HashMap;
 
 use sluice_planner::{Dependency, JobGraph, JobId, RegionId, TaskAttempt, TaskId};
 

@@ -7,7 +7,7 @@
 //! attempt and recorded only from reports the scheduler accepted, so a stale attempt never
 //! overwrites the current one's.
 
-use std::collections::HashMap;
+use datafusion::common::HashMap;
 use std::sync::Arc;
 
 use sluice_planner::{JobGraph, StageId, TaskAttempt, TaskId};
@@ -39,7 +39,7 @@ pub(super) struct JobEntry {
     pub plans: Vec<StagePlan>,
     /// Per stage, what building its tasks' inputs needs (computed once).
     pub shapes: Vec<crate::task::StageShape>,
-    pub config: Arc<HashMap<String, String>>,
+    pub config: Arc<std::collections::HashMap<String, String>>,
     /// The session's own memory limit, held per task (see `TaskDefinition::memory_limit`).
     pub memory_limit: Option<u64>,
     /// The job is an `EXPLAIN ANALYZE`: tasks report their plans with metrics.
@@ -54,7 +54,7 @@ pub(super) struct JobEntry {
     done_per_stage: Vec<usize>,
     pub metrics: HashMap<TaskAttempt, TaskMetrics>,
     /// Final-stage attempts whose streams the output reads.
-    pub announced: HashMap<TaskId, usize>,
+    pub announced: std::collections::HashMap<TaskId, usize>,
     pub retries: usize,
     /// Regions run again because their outputs were lost (lineage).
     pub reruns: usize,
@@ -74,7 +74,7 @@ impl JobEntry {
         job: sluice_planner::JobId,
         graph: Arc<JobGraph>,
         (plans, shapes): (Vec<StagePlan>, Vec<crate::task::StageShape>),
-        config: Arc<HashMap<String, String>>,
+        config: Arc<std::collections::HashMap<String, String>>,
         memory_limit: Option<u64>,
         label: Option<Arc<super::JobLabel>>,
         output: mpsc::UnboundedSender<OutputCommand>,
@@ -93,7 +93,7 @@ impl JobEntry {
             succeeded: HashMap::new(),
             done_per_stage,
             metrics: HashMap::new(),
-            announced: HashMap::new(),
+            announced: std::collections::HashMap::new(),
             retries: 0,
             reruns: 0,
             output,
@@ -192,7 +192,7 @@ impl JobEntry {
     }
 
     /// What each task's succeeded attempt reported.
-    pub fn succeeded_metrics(&self) -> HashMap<TaskId, TaskMetrics> {
+    pub fn succeeded_metrics(&self) -> std::collections::HashMap<TaskId, TaskMetrics> {
         self.succeeded
             .iter()
             .filter_map(|(task, attempt)| {

@@ -13,9 +13,11 @@
 //!   `hold`, `free` and `remove` only, so no question about one worker or one job scans every
 //!   running attempt.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+
+use datafusion::common::HashMap;
 
 use sluice_planner::{AttemptKey, JobId, WorkerId};
 use tokio::time::Instant;
