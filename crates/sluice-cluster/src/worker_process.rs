@@ -180,6 +180,9 @@ async fn serve(
             server.worker().address(),
             options.driver
         ));
+        // Only now: whoever waits for the line above sees it even if the first heartbeat ends
+        // this process (a fault armed there).
+        server.start_heartbeats(options.heartbeat_interval, options.driver_timeout)?;
         let mut departure = server.departure();
         let gone = async {
             loop {
@@ -240,11 +243,7 @@ async fn join_patiently(
     let mut pause = Duration::from_millis(100);
     loop {
         let joined = server
-            .join(
-                &options.driver,
-                options.heartbeat_interval,
-                options.driver_timeout,
-            )
+            .register(&options.driver, options.driver_timeout)
             .await;
         match joined {
             Err(error) if RemoteError::of(&error).kind == ErrorKind::Transport => {

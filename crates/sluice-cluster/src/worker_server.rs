@@ -62,11 +62,18 @@ pub enum Departure {
     Dropped,
 }
 
+/// The driver this worker registered with.
+struct Joined {
+    id: WorkerId,
+    epoch: u64,
+    client: DriverServiceClient<SecretChannel>,
+}
+
 /// A worker serving on its own address; dropping it stops its server, its heartbeats and its tasks.
 pub(crate) struct WorkerServer {
     worker: Worker,
     draining: Arc<AtomicBool>,
-    joined: Option<(WorkerId, DriverServiceClient<SecretChannel>)>,
+    joined: Option<Joined>,
     link: ClusterLink,
     departure: watch::Receiver<Departure>,
     departure_tx: Arc<watch::Sender<Departure>>,
@@ -138,6 +145,20 @@ impl WorkerServer {
         heartbeat: Duration,
         driver_timeout: Duration,
     ) -> Result<WorkerId> {
+        let id = self.register(driver_address, driver_timeout).await?;
+        self.start_heartbeats(heartbeat, driver_timeout)?;
+        Ok(id)
+    }
+
+    /// Registers with the driver at `driver_address` and reports there from now on (a report
+    /// given up after `driver_timeout`); heartbeats start with [`Self::start_heartbeats`], so a
+    /// caller can say it joined before anything a heartbeat does (a fault armed at the first
+    /// heartbeat) can end the process.
+    pub async fn register(
+        &mut self,
+        driver_address: &str,
+        driver_timeout: Duration,
+    ) -> Result<WorkerId> {
         let channel = self
             .link
             .endpoint(driver_address)?
@@ -176,21 +197,38 @@ impl WorkerServer {
                 faults: self.worker.faults().cloned(),
             }),
         )?;
-        self.joined = Some((id, client.clone()));
+        self.joined = Some(Joined { id, epoch, client });
+        self._heartbeats = None;
         self.departure_tx.send_replace(Departure::Serving);
+        Ok(id)
+    }
+
+    /// Sends a heartbeat every `heartbeat` to the driver this worker registered with (see
+    /// [`Self::join`]).
+    pub fn start_heartbeats(
+        &mut self,
+        heartbeat: Duration,
+        driver_timeout: Duration,
+    ) -> Result<()> {
+        let Some(joined) = &self.joined else {
+            return Err(DataFusionError::Internal(format!(
+                "{} sends heartbeats only once registered",
+                self.worker.name()
+            )));
+        };
         let departure = Arc::clone(&self.departure_tx);
         self._heartbeats = Some(SpawnedTask::spawn(beat(
-            client,
+            joined.client.clone(),
             Registered {
-                id,
-                epoch,
+                id: joined.id,
+                epoch: joined.epoch,
                 worker: self.worker.clone(),
             },
             heartbeat,
             driver_timeout,
             departure,
         )));
-        Ok(id)
+        Ok(())
     }
 
     /// Changes when the connection to the driver ends (see [`Departure`]).
@@ -202,7 +240,7 @@ impl WorkerServer {
     /// and no job's streams are held here, then leaves the driver. `false` when the grace ran out.
     pub async fn drain(&self, grace: Duration) -> bool {
         self.draining.store(true, Ordering::SeqCst);
-        let Some((id, client)) = &self.joined else {
+        let Some(Joined { id, client, .. }) = &self.joined else {
             return true;
         };
         let _ = client

@@ -17,7 +17,9 @@
 //! result is not deterministic. Once an attempt of a task is read, older attempts of that task
 //! deliver nothing more. The stream ends only after the scheduler reported success and every
 //! stream of the final attempts ended (each having reproduced its delivered prefix); a read error
-//! of a final attempt fails the job then (a replaced attempt's read errors do not matter). For
+//! of a final attempt, or a batch of one that was refused, fails the job then (a replaced
+//! attempt's read errors do not matter). The actor announces every final task's succeeded attempt
+//! before it says the job ended, so the output never ends without reading one. For
 //! `EXPLAIN ANALYZE`, one more batch follows: a row per earlier stage (`crate::analyze`). Dropping
 //! the stream cancels the job.
 
@@ -173,6 +175,14 @@ impl Reads {
             };
             if let Some(error) = self.errors.remove(&attempt) {
                 return Some(error);
+            }
+            if self.rejected.contains(&attempt) {
+                // Rows of the attempt that made the answer were held back: never a short answer.
+                return Some(DataFusionError::Internal(format!(
+                    "job {job}: rows of {} were refused while the job ran, yet it is a final \
+                     attempt",
+                    attempt.of_job(job)
+                )));
             }
             let channels = self.ended.get(&attempt).cloned().unwrap_or_default();
             channels

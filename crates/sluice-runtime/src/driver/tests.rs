@@ -435,6 +435,35 @@ async fn a_region_retried_after_a_failure_in_its_middle_returns_only_the_new_att
 }
 
 #[tokio::test(start_paused = true)]
+async fn final_tasks_whose_running_reports_came_late_still_deliver_their_rows() {
+    let h = Harness::new(in_process());
+    let (w, _worker) = h.worker(8, Liveness::InProcess).await;
+    h.fetcher.script(0, 0, vec![Item::Rows(vec![1, 2])]);
+    h.fetcher.script(1, 0, vec![Item::Rows(vec![3])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    for attempt in [key(1, 0, 0, 0), key(1, 0, 1, 0)] {
+        h.succeed(w, attempt, 1);
+    }
+    // Each final task's success is taken before its `Running` report, which is then stale: the
+    // output was never announced by `Running`, and the job's success must read it anyway.
+    for attempt in [key(1, 1, 0, 0), key(1, 1, 1, 0)] {
+        h.report(
+            w,
+            attempt,
+            2,
+            TaskState::Succeeded(TaskMetrics {
+                rows: 1,
+                elapsed_ms: 1,
+                ..TaskMetrics::default()
+            }),
+        );
+        h.report(w, attempt, 1, TaskState::Running);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), [1, 2, 3]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn run_task_refusals_retry_and_lost_replies_of_running_tasks_change_nothing() {
     let h = Harness::new(in_process());
     let (w, worker) = h.worker(8, Liveness::InProcess).await;

@@ -54,7 +54,7 @@ pub(super) async fn run_attempt(
     if let Err(panic) = run.catch_unwind().await {
         let error = panicked(key, panic.as_ref());
         tracing::warn!(target: "sluice::worker", %error, "a status report of the attempt panicked");
-        shared.finish(key, &finished);
+        drop(shared.finish(key, &finished));
     }
 }
 
@@ -82,7 +82,7 @@ async fn run_and_report(
             TaskState::Failed(RemoteError::of(&error))
         }
     };
-    if shared.finish(key, finished) {
+    if let Some(_reporting) = shared.finish(key, finished) {
         // Logged only for the outcome the driver is told of (a stop may end the attempt first).
         if let TaskState::Succeeded(metrics) = &state {
             tracing::debug!(

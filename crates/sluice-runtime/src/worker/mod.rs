@@ -51,6 +51,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::{AttemptKey, JobId, WorkerId};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 /// A test hook: called before each task attempt runs; `Some(message)` makes the attempt fail with a
@@ -119,7 +120,8 @@ pub(crate) struct WorkerShared {
     id: AtomicU64,
     store: Arc<StreamStore>,
     fetcher: Arc<dyn StreamFetcher>,
-    reporter: Mutex<Option<Arc<dyn StatusReporter>>>,
+    /// Where reports go: none until the worker registered (a report waits for it).
+    reporter: watch::Sender<Option<Arc<dyn StatusReporter>>>,
     /// The attempts running (neither finished nor stopped).
     tasks: Mutex<HashMap<AttemptKey, Running>>,
     /// `RunTask`s accepted so far (changed under the `tasks` lock).
@@ -177,7 +179,7 @@ impl Worker {
                 id: AtomicU64::new(0),
                 store,
                 fetcher,
-                reporter: Mutex::new(None),
+                reporter: watch::Sender::new(None),
                 tasks: Mutex::new(HashMap::new()),
                 accepted: AtomicU64::new(0),
                 reporting: Mutex::new(HashSet::new()),
@@ -219,7 +221,7 @@ impl Worker {
         if let Some(faults) = &self.shared.options.faults {
             faults.set_worker(id.0);
         }
-        *self.shared.reporter_lock()? = Some(reporter);
+        self.shared.reporter.send_replace(Some(reporter));
         Ok(())
     }
 
@@ -426,38 +428,44 @@ impl WorkerShared {
             .map_err(|_| DataFusionError::Internal(format!("{}: report set poisoned", self.name)))
     }
 
-    fn reporter_lock(&self) -> Result<MutexGuard<'_, Option<Arc<dyn StatusReporter>>>> {
-        self.reporter
-            .lock()
-            .map_err(|_| DataFusionError::Internal(format!("{}: reporter poisoned", self.name)))
-    }
-
     fn worker_id(&self) -> WorkerId {
         WorkerId(self.id.load(Ordering::Relaxed))
     }
 
-    /// Called when an attempt finished on its own: `true` if it claims the final report (it was
-    /// not stopped first), and then it leaves the running set.
-    fn finish(&self, key: AttemptKey, finished: &AtomicBool) -> bool {
+    /// Called when an attempt finished on its own: `Some` if it claims the final report (it was
+    /// not stopped first), and then it leaves the running set. The claim is returned as the guard that keeps the attempt known as being reported until
+    /// dropped; it is taken before the attempt leaves the running set, so a heartbeat read in
+    /// between still lists it (else the driver would take it for forgotten and run its region
+    /// again).
+    fn finish(&self, key: AttemptKey, finished: &AtomicBool) -> Option<Reporting<'_>> {
         if finished.swap(true, Ordering::SeqCst) {
-            return false;
+            return None;
         }
+        let reporting = Reporting::start(self, key);
         if let Ok(mut tasks) = self.tasks_lock() {
             tasks.remove(&key);
         }
-        true
+        Some(reporting)
     }
 
     /// Delivers `report` (a final one is known as being reported until its delivery ended,
     /// however it ended: a delivery that panics forgets it too, so the driver learns the report
-    /// is lost).
-    async fn report(&self, report: TaskStatusReport) {
+    /// is lost). Before the worker has registered there is nowhere to send it: a `RunTask` can
+    /// arrive before the reply to the registration does, so the report waits for the reporter
+    /// (and goes out under the id the driver gave) instead of being dropped.
+    async fn report(&self, mut report: TaskStatusReport) {
         let _reporting = report
             .state
             .is_final()
             .then(|| Reporting::start(self, report.attempt));
-        let reporter = self.reporter_lock().ok().and_then(|r| r.clone());
+        let mut registered = self.reporter.subscribe();
+        let reporter = registered
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|reporter| reporter.clone());
         if let Some(reporter) = reporter {
+            report.worker = self.worker_id();
             reporter.report(report).await;
         }
     }

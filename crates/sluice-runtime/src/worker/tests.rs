@@ -135,3 +135,56 @@ async fn an_attempt_that_ends_before_run_task_returns_delivers_its_final_report(
     );
     assert_eq!(worker.counts().0, 0);
 }
+
+/// A report as recorded: the worker id it carries, its attempt and sequence, whether it says
+/// succeeded.
+type ReportSeen = (WorkerId, AttemptKey, u64, bool);
+
+/// Records every report it is given, with the worker id it carries.
+struct Recorded(Arc<Mutex<Vec<ReportSeen>>>);
+
+impl StatusReporter for Recorded {
+    fn report(&self, report: TaskStatusReport) -> BoxFuture<'static, ()> {
+        let succeeded = matches!(report.state, TaskState::Succeeded(_));
+        self.0
+            .lock()
+            .unwrap()
+            .push((report.worker, report.attempt, report.sequence, succeeded));
+        async {}.boxed()
+    }
+}
+
+/// A `RunTask` can reach a worker before the reply to its registration does. The attempt's
+/// `Running` report then waits for the reporter instead of being dropped (a final task whose
+/// `Running` the driver never saw left its output unread), and both reports carry the id the
+/// driver gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_of_a_task_started_before_the_worker_registered_wait_and_arrive_in_order() {
+    let network = InProcessNetwork::default();
+    let worker = Worker::new("w", "w:0", WorkerOptions::default(), Arc::new(network)).unwrap();
+    let key = AttemptKey {
+        job: JobId(1),
+        stage: StageId(0),
+        partition: 0,
+        attempt: 0,
+    };
+    let spawned = tokio::task::spawn_blocking({
+        let worker = worker.clone();
+        move || worker.run_task(one_batch_task(key))
+    });
+    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    // The attempt runs (or waits to report) while the worker has no reporter yet.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    worker
+        .set_reporter(WorkerId(7), Arc::new(Recorded(Arc::clone(&recorded))))
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while recorded.lock().unwrap().len() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        *recorded.lock().unwrap(),
+        vec![(WorkerId(7), key, 1, false), (WorkerId(7), key, 2, true)]
+    );
+}

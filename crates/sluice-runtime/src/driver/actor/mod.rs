@@ -413,6 +413,7 @@ impl DriverActor {
                         state: JobState::Succeeded,
                         error: None,
                     });
+                    let unread = self.announce_final_attempts(job);
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.phase = JobPhase::Succeeded {
                             output_done: false,
@@ -423,11 +424,17 @@ impl DriverActor {
                         } else {
                             Vec::new()
                         };
-                        let finished = FinishedJob {
-                            reports,
-                            attempts: entry.announced.clone(),
+                        let finished = match unread {
+                            None => Ok(FinishedJob {
+                                reports,
+                                attempts: entry.announced.clone(),
+                            }),
+                            Some(task) => Err(DataFusionError::Internal(format!(
+                                "job {job}: its final task {task} has no succeeded attempt whose \
+                                 output the job output reads"
+                            ))),
                         };
-                        let _ = entry.output.send(OutputCommand::Finish(Ok(finished)));
+                        let _ = entry.output.send(OutputCommand::Finish(finished));
                     }
                 }
                 SchedulerAction::JobFailed { job, failure } => {

@@ -210,6 +210,49 @@ impl DriverActor {
         self.place_waiting();
     }
 
+    /// At the job's success: every final-stage task's succeeded attempt is announced to the job
+    /// output (normally done at its `Running` report; a success that reached the scheduler without
+    /// one is announced here, so the output never ends without reading it). The first final task
+    /// left with no attempt to read, if any.
+    pub(super) fn announce_final_attempts(&mut self, job: JobId) -> Option<TaskId> {
+        let (final_stage, partitions) = {
+            let entry = self.jobs.get(&job)?;
+            let stage = entry.graph.final_stage();
+            (
+                stage,
+                entry.graph.stage(stage).map_or(0, |s| s.partitions()),
+            )
+        };
+        for partition in 0..partitions {
+            let task = TaskId {
+                stage: final_stage,
+                partition,
+            };
+            let entry = self.jobs.get(&job)?;
+            let succeeded = entry.succeeded.get(&task).copied();
+            let announced = entry.announced.get(&task).copied();
+            if let Some(attempt) = succeeded
+                && announced != Some(attempt)
+            {
+                tracing::warn!(
+                    target: "sluice::driver",
+                    job = job.0,
+                    "{task} attempt {attempt} succeeded before its output was announced; \
+                     reading it now"
+                );
+                self.extend_output(job, TaskAttempt { task, attempt });
+            }
+            if !self
+                .jobs
+                .get(&job)
+                .is_some_and(|entry| entry.announced.contains_key(&task))
+            {
+                return Some(task);
+            }
+        }
+        None
+    }
+
     pub(super) fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
         let Some(entry) = self.jobs.get(&job) else {
             return;
