@@ -47,8 +47,9 @@ use sluice_runtime::faults::{FaultPoint, FaultPoints};
 use sluice_runtime::transport::{FetchRetries, StreamFetcher};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{ClusterLink, connect_lazy};
+use crate::auth::{ClusterLink, SecretChannel, connect_lazy};
 use crate::flight_ipc::encode_stream;
+use crate::flight_pool::ConnectionPool;
 use crate::wire::{from_status_at, peer_answered, stream_from_ticket, stream_to_proto, to_status};
 
 /// The `app_metadata` of the message that ends every task stream (it carries no data).
@@ -205,23 +206,28 @@ fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<
     (held > 2 * array.total_buffer_bytes_used() + 4096).then(|| Arc::new(array.gc()) as ArrayRef)
 }
 
-/// Reads streams from other workers over Flight, carrying the cluster secret; one connection per
-/// stream.
+/// Reads streams from other workers over Flight, carrying the cluster secret; one call per
+/// connection at a time, connections reused from call to call (`flight_pool`).
 #[derive(Debug, Clone)]
 pub(crate) struct FlightFetcher {
     link: ClusterLink,
     /// The reading worker's fault points (`flight_fetch` fires before each read).
     faults: Option<Arc<FaultPoints>>,
+    pool: Arc<ConnectionPool>,
 }
 
 impl FlightFetcher {
     pub fn new(link: ClusterLink) -> Self {
-        Self { link, faults: None }
+        Self::with_faults(link, None)
     }
 
     /// A fetcher of a worker whose fault points are `faults`.
     pub fn with_faults(link: ClusterLink, faults: Option<Arc<FaultPoints>>) -> Self {
-        Self { link, faults }
+        Self {
+            link,
+            faults,
+            pool: Arc::default(),
+        }
     }
 }
 
@@ -240,13 +246,20 @@ impl StreamFetcher for FlightFetcher {
         let address = address.to_string();
         let link = self.link.clone();
         let faults = self.faults.clone();
+        let pool = Arc::clone(&self.pool);
         let read = async move {
             if let Some(faults) = faults {
                 faults.fire(FaultPoint::FlightFetch).await?;
             }
             let what = format!("reading {id} from {address}");
-            let response = do_get_patiently(&link, &address, id, &what, &retries).await?;
-            let data = until_end_marker(response, what.clone())
+            let (response, channel) =
+                do_get_patiently(&link, &pool, &address, id, &what, &retries).await?;
+            let reuse = Reuse {
+                pool,
+                address: address.clone(),
+                channel,
+            };
+            let data = until_end_marker(response, what.clone(), Some(reuse))
                 .map_err(|status| FlightError::Tonic(Box::new(status)));
             let batches =
                 FlightRecordBatchStream::new_from_flight_data(data).map_err(move |e| match e {
@@ -279,33 +292,50 @@ const FETCH_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
 /// pings), and the store lets the next take wait for that; a stream that did deliver into the dead
 /// connection fails the call made again as a second take, which fails the read (naming the worker
 /// as unreachable), never a read of part of the stream. Each retry is logged and counted in
-/// `retries`.
+/// `retries`. The first call may go over an idle connection of `pool`; if that one gets no answer
+/// (its worker went away since), the call is made at once over a new connection, uncounted.
+/// Returns the call's response and the connection it went over.
 async fn do_get_patiently(
     link: &ClusterLink,
+    pool: &ConnectionPool,
     address: &str,
     id: StreamId,
     what: &str,
     retries: &FetchRetries,
-) -> Result<Streaming<FlightData>> {
+) -> Result<(Streaming<FlightData>, SecretChannel)> {
     let ticket = Ticket {
         ticket: stream_to_proto(id)?.encode_to_vec().into(),
     };
     let started = tokio::time::Instant::now();
     let mut pause = FETCH_RETRY_PAUSE;
     let mut tries = 0_u32;
+    let mut pooled = true;
     loop {
-        // One connection per stream: a stream its reader has not reached yet (a join's probe
-        // side) holds HTTP/2 flow-control window, so sharing a connection would throttle the
-        // streams the reader needs first.
-        let mut client = FlightServiceClient::new(connect_lazy(address, link)?)
+        // One call per connection at a time: a stream its reader has not reached yet (a join's
+        // probe side) holds HTTP/2 flow-control window, so sharing a connection would throttle
+        // the streams the reader needs first.
+        let (channel, reused) = if pooled {
+            pool.take(address, link)?
+        } else {
+            (connect_lazy(address, link)?, false)
+        };
+        pooled = false;
+        let mut client = FlightServiceClient::new(channel.clone())
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         let status = match client.do_get(ticket.clone()).await {
-            Ok(response) => return Ok(response.into_inner()),
+            Ok(response) => return Ok((response.into_inner(), channel)),
             Err(status) => status,
         };
-        let waited = started.elapsed();
         let answered = peer_answered(&status);
+        if !answered {
+            // Its worker may be gone: no idle connection there is worth a try.
+            pool.forget(address);
+            if reused {
+                continue;
+            }
+        }
+        let waited = started.elapsed();
         if answered || waited + pause > FETCH_RETRY_WINDOW {
             let mut error = from_status_at(&status, what, address);
             if tries > 0 && !answered {
@@ -349,26 +379,33 @@ async fn do_get_patiently(
 fn until_end_marker<S>(
     messages: S,
     what: String,
+    reuse: Option<Reuse>,
 ) -> impl Stream<Item = std::result::Result<FlightData, Status>> + Send + 'static
 where
     S: Stream<Item = std::result::Result<FlightData, Status>> + Send + Unpin + 'static,
 {
-    stream::unfold(Some(messages), move |state| {
+    stream::unfold(Some((messages, reuse)), move |state| {
         let what = what.clone();
         async move {
-            let mut messages = state?;
+            let (mut messages, reuse) = state?;
             let failure = match messages.next().await {
                 Some(Ok(message)) if message.app_metadata.as_ref() == STREAM_END => {
                     // The end: nothing may follow it.
                     match messages.next().await {
-                        None if message.data_header.is_empty() => return None,
+                        None if message.data_header.is_empty() => {
+                            // The call ended cleanly: its connection may carry the next one.
+                            if let Some(reuse) = reuse {
+                                reuse.pool.give_back(&reuse.address, reuse.channel);
+                            }
+                            return None;
+                        }
                         Some(Err(status)) => status,
                         _ => Status::internal(format!(
                             "{what}: a malformed end marker, or messages after it"
                         )),
                     }
                 }
-                Some(Ok(message)) => return Some((Ok(message), Some(messages))),
+                Some(Ok(message)) => return Some((Ok(message), Some((messages, reuse)))),
                 Some(Err(status)) => status,
                 None => Status::unavailable(format!(
                     "{what}: the stream ended before its end marker (the connection or its \
@@ -378,6 +415,13 @@ where
             Some((Err(failure), None))
         }
     })
+}
+
+/// The connection a read went over, given back to its pool when the read ends cleanly.
+struct Reuse {
+    pool: Arc<ConnectionPool>,
+    address: String,
+    channel: SecretChannel,
 }
 
 fn read_error(status: &Status, what: &str, address: &str) -> DataFusionError {
@@ -434,6 +478,7 @@ mod tests {
         let mut checked = Box::pin(until_end_marker(
             stream::iter(messages),
             "reading s from w".to_string(),
+            None,
         ));
         let mut data = 0;
         while let Some(message) = checked.next().await {
@@ -520,46 +565,116 @@ mod tests {
         assert_eq!(compact, batch);
     }
 
-    #[tokio::test]
-    async fn a_stream_whose_first_reader_went_away_before_a_batch_is_read_whole_by_the_next() {
-        use datafusion::common::runtime::SpawnedTask;
-        use datafusion::execution::runtime_env::RuntimeEnv;
-        use sluice_planner::{AttemptKey, JobId, OutputMode, StageId};
-
-        let link = ClusterLink::new(ClusterSecret::random().unwrap(), None);
+    /// A stream store served over Flight on loopback: the store, its address, the server.
+    async fn serve_store(
+        link: &ClusterLink,
+    ) -> (
+        Arc<StreamStore>,
+        String,
+        datafusion::common::runtime::SpawnedTask<()>,
+    ) {
         let store = Arc::new(StreamStore::new(
             "worker 1",
-            Arc::new(RuntimeEnv::default()),
+            Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default()),
             Duration::from_secs(5),
         ));
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
-        let key = AttemptKey {
-            job: JobId(1),
-            stage: StageId(0),
-            partition: 0,
-            attempt: 0,
-        };
-        let sender = store
-            .create_output(key, 1, 1, OutputMode::Pipelined, schema.clone())
-            .unwrap();
         let (listener, address) = crate::net::bind("test", "127.0.0.1:0").await.unwrap();
         let flight =
-            crate::auth::guarded(StreamFlightService::new(Arc::clone(&store), None), &link)
-                .unwrap();
+            crate::auth::guarded(StreamFlightService::new(Arc::clone(&store), None), link).unwrap();
         let server = link
             .server()
             .unwrap()
             .add_service(flight)
             .serve_with_incoming(crate::net::incoming(listener));
-        let _serving = SpawnedTask::spawn(async move {
+        let serving = datafusion::common::runtime::SpawnedTask::spawn(async move {
             let _ = server.await;
         });
+        (store, address, serving)
+    }
+
+    /// Attempt 0 of task 0/`partition` of job 1.
+    fn attempt_key(partition: usize) -> sluice_planner::AttemptKey {
+        sluice_planner::AttemptKey {
+            job: sluice_planner::JobId(1),
+            stage: sluice_planner::StageId(0),
+            partition,
+            attempt: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_that_ended_cleanly_leaves_its_connection_for_the_next_and_a_dropped_one_does_not()
+     {
+        use sluice_planner::OutputMode;
+
+        let link = ClusterLink::new(ClusterSecret::random().unwrap(), None);
+        let (store, address, _serving) = serve_store(&link).await;
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int32Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
+        let fetcher = FlightFetcher::new(link.clone());
+        for partition in 0..3 {
+            let sender = store
+                .create_output(
+                    attempt_key(partition),
+                    1,
+                    1,
+                    OutputMode::Pipelined,
+                    schema.clone(),
+                )
+                .unwrap();
+            assert!(sender.send(0, batch.clone()).await.unwrap());
+            sender.finish();
+        }
+        // Two reads in turn: the second goes over the first's connection.
+        for partition in 0..2 {
+            let id = attempt_key(partition).stream(0).replica(0);
+            let read: Vec<RecordBatch> = fetcher
+                .fetch(&address, id, schema.clone())
+                .try_collect()
+                .await
+                .unwrap();
+            assert_eq!(read, std::slice::from_ref(&batch));
+            assert_eq!(fetcher.pool.idle(&address), 1);
+        }
+        // A read dropped after its first batch (before the end marker) takes its connection
+        // with it.
+        let id = attempt_key(2).stream(0).replica(0);
+        let mut read = fetcher.fetch(&address, id, schema.clone());
+        assert_eq!(read.next().await.unwrap().unwrap(), batch);
+        assert_eq!(fetcher.pool.idle(&address), 0);
+        drop(read);
+        assert_eq!(fetcher.pool.idle(&address), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_first_reader_went_away_before_a_batch_is_read_whole_by_the_next() {
+        use sluice_planner::OutputMode;
+
+        let link = ClusterLink::new(ClusterSecret::random().unwrap(), None);
+        let (store, address, _serving) = serve_store(&link).await;
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
+        let key = attempt_key(0);
+        let sender = store
+            .create_output(key, 1, 1, OutputMode::Pipelined, schema.clone())
+            .unwrap();
         let id = key.stream(0).replica(0);
         // The first call reaches the worker, which takes the stream; its reader goes away before
         // a batch was written (as when its connection dies).
-        let first = do_get_patiently(&link, &address, id, "first", &FetchRetries::default())
-            .await
-            .unwrap();
+        let pool = ConnectionPool::default();
+        let first = do_get_patiently(
+            &link,
+            &pool,
+            &address,
+            id,
+            "first",
+            &FetchRetries::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(store.counts().untaken_streams, 0);
         drop(first);
         // The worker sees the call go and gives the stream back; the next read gets all of it.
@@ -609,9 +724,16 @@ mod tests {
         .replica(0);
         let retries = FetchRetries::default();
         let what = format!("reading {id} from {address}");
-        let error = do_get_patiently(&link, &address, id, &what, &retries)
-            .await
-            .unwrap_err();
+        let error = do_get_patiently(
+            &link,
+            &ConnectionPool::default(),
+            &address,
+            id,
+            &what,
+            &retries,
+        )
+        .await
+        .unwrap_err();
         // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2 and 2 s (paused time): a ninth would end past
         // the 10 s window, so the read fails after 8 retries, 9.1 s in.
         assert_eq!(retries.count(), 8);

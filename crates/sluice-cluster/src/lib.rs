@@ -29,6 +29,7 @@ mod client;
 mod driver_server;
 mod flight;
 mod flight_ipc;
+mod flight_pool;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 mod kubernetes_options;

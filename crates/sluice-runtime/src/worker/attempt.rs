@@ -7,9 +7,9 @@
 //!                  ─► ShuffleWriterExec ─► this worker's store (channels × replicas)
 //! ```
 //!
-//! Invariants: the attempt reports `Running` (sequence 1) before it reads or writes anything, and
-//! `Succeeded` or `Failed` (sequence 2) last unless a stop claimed the final report first (a panic
-//! inside the attempt is caught and reported `Failed`, an internal, retryable error keeping the
+//! Invariants: the attempt reports `Running` (sequence 1) as it starts (delivered while it runs)
+//! and `Succeeded` or `Failed` (sequence 2) last, only after `Running` was delivered, unless a
+//! stop claimed the final report first (a panic inside the attempt is caught and reported `Failed`, an internal, retryable error keeping the
 //! panic's message, so its slot and region never wait for a report that cannot come; the
 //! worker then reports `Canceled` and aborts this future, which drops the task's stream and with it
 //! its readers and writer); the plan is executed inside the attempt's future, so operators that
@@ -64,14 +64,14 @@ async fn run_and_report(
     finished: &AtomicBool,
 ) {
     let key = definition.attempt;
-    shared
-        .report(report(shared, key, 1, TaskState::Running))
-        .await;
     let started = Instant::now();
-    let executed = AssertUnwindSafe(execute(shared, definition))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| Err(panicked(key, panic.as_ref())));
+    // `Running` goes out while the attempt already runs (its delivery is a round trip to the
+    // driver, resent until acknowledged); the final report waits for it, so the driver still gets
+    // them in order.
+    let running = shared.report(report(shared, key, 1, TaskState::Running));
+    let execution = AssertUnwindSafe(execute(shared, definition)).catch_unwind();
+    let ((), executed) = tokio::join!(running, execution);
+    let executed = executed.unwrap_or_else(|panic| Err(panicked(key, panic.as_ref())));
     let state = match executed {
         Ok(mut metrics) => {
             metrics.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
