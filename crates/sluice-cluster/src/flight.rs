@@ -310,6 +310,8 @@ async fn do_get_patiently(
     let mut pause = FETCH_RETRY_PAUSE;
     let mut tries = 0_u32;
     let mut pooled = true;
+    // A call over an idle connection got no answer (it may have reached the worker).
+    let mut unanswered = false;
     loop {
         // One call per connection at a time: a stream its reader has not reached yet (a join's
         // probe side) holds HTTP/2 flow-control window, so sharing a connection would throttle
@@ -332,6 +334,7 @@ async fn do_get_patiently(
             // Its worker may be gone: no idle connection there is worth a try.
             pool.forget(address);
             if reused {
+                unanswered = true;
                 continue;
             }
         }
@@ -344,12 +347,13 @@ async fn do_get_patiently(
                     error.message,
                     waited.as_secs_f64()
                 );
-            } else if tries > 0 && error.kind == ErrorKind::Transport {
+            } else if (tries > 0 || unanswered) && error.kind == ErrorKind::Transport {
                 // An earlier call that got no answer may have reached the worker and taken the
                 // stream before its connection died: the failure is the connection's, so the
                 // driver judges the worker as for a read that never reached it.
+                let calls = tries + u32::from(unanswered);
                 error.message = format!(
-                    "{} (after {tries} call(s) that got no answer within {:.1} s: the first may \
+                    "{} (after {calls} call(s) that got no answer within {:.1} s: the first may \
                      have reached it and its answer been cut off)",
                     error.message,
                     waited.as_secs_f64()

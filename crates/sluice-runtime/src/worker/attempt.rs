@@ -8,8 +8,9 @@
 //! ```
 //!
 //! Invariants: the attempt reports `Running` (sequence 1) as it starts (delivered while it runs)
-//! and `Succeeded` or `Failed` (sequence 2) last, only after `Running` was delivered, unless a
-//! stop claimed the final report first (a panic inside the attempt is caught and reported `Failed`, an internal, retryable error keeping the
+//! and `Succeeded` or `Failed` (sequence 2) last, only once `Running`'s delivery ended
+//! (acknowledged, refused, or given up after the driver timeout), unless a stop claimed the final
+//! report first (a panic inside the attempt is caught and reported `Failed`, an internal, retryable error keeping the
 //! panic's message, so its slot and region never wait for a report that cannot come; the
 //! worker then reports `Canceled` and aborts this future, which drops the task's stream and with it
 //! its readers and writer); the plan is executed inside the attempt's future, so operators that
@@ -66,8 +67,8 @@ async fn run_and_report(
     let key = definition.attempt;
     let started = Instant::now();
     // `Running` goes out while the attempt already runs (its delivery is a round trip to the
-    // driver, resent until acknowledged); the final report waits for it, so the driver still gets
-    // them in order.
+    // driver, resent until acknowledged); the final report waits for that delivery to end, so the
+    // driver still gets them in order.
     let running = shared.report(report(shared, key, 1, TaskState::Running));
     let execution = AssertUnwindSafe(execute(shared, definition)).catch_unwind();
     let ((), executed) = tokio::join!(running, execution);

@@ -173,8 +173,12 @@ async fn reports_of_a_task_started_before_the_worker_registered_wait_and_arrive_
         move || worker.run_task(one_batch_task(key))
     });
     assert_eq!(spawned.await.unwrap().unwrap(), 1);
-    // The attempt runs (or waits to report) while the worker has no reporter yet.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The attempt runs (its output exists) while the worker has no reporter yet.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while worker.store().counts().outputs == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(worker.store().counts().outputs, 1);
     let recorded = Arc::new(Mutex::new(Vec::new()));
     worker
         .set_reporter(WorkerId(7), Arc::new(Recorded(Arc::clone(&recorded))))

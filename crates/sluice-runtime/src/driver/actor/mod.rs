@@ -408,12 +408,19 @@ impl DriverActor {
                 }),
                 SchedulerAction::ExtendOutput { job, task } => self.extend_output(job, task),
                 SchedulerAction::JobSucceeded { job } => {
+                    if let Some(task) = self.announce_final_attempts(job) {
+                        let error = DataFusionError::Internal(format!(
+                            "job {job}: its final task {task} has no succeeded attempt whose \
+                             output the job output reads"
+                        ));
+                        self.end_job(job, JobState::Failed, error);
+                        continue;
+                    }
                     self.record(Transition::JobEnded {
                         job,
                         state: JobState::Succeeded,
                         error: None,
                     });
-                    let unread = self.announce_final_attempts(job);
                     if let Some(entry) = self.jobs.get_mut(&job) {
                         entry.phase = JobPhase::Succeeded {
                             output_done: false,
@@ -424,17 +431,11 @@ impl DriverActor {
                         } else {
                             Vec::new()
                         };
-                        let finished = match unread {
-                            None => Ok(FinishedJob {
-                                reports,
-                                attempts: entry.announced.clone(),
-                            }),
-                            Some(task) => Err(DataFusionError::Internal(format!(
-                                "job {job}: its final task {task} has no succeeded attempt whose \
-                                 output the job output reads"
-                            ))),
+                        let finished = FinishedJob {
+                            reports,
+                            attempts: entry.announced.clone(),
                         };
-                        let _ = entry.output.send(OutputCommand::Finish(finished));
+                        let _ = entry.output.send(OutputCommand::Finish(Ok(finished)));
                     }
                 }
                 SchedulerAction::JobFailed { job, failure } => {
