@@ -74,6 +74,23 @@ fn one_batch_task(key: AttemptKey) -> TaskDefinition {
     }
 }
 
+/// Runs `one_batch_task` of attempt 0 of task 0/0 of job 1 on `worker` (as the first task it
+/// accepted) and returns its key.
+async fn run_one_batch_task(worker: &Worker) -> AttemptKey {
+    let key = AttemptKey {
+        job: JobId(1),
+        stage: StageId(0),
+        partition: 0,
+        attempt: 0,
+    };
+    let spawned = tokio::task::spawn_blocking({
+        let worker = worker.clone();
+        move || worker.run_task(one_batch_task(key))
+    });
+    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    key
+}
+
 /// `run_task`'s caller is held after the spawn until the attempt's final report is under way
 /// (or 2 s passed, when the running set keeps the attempt from finishing meanwhile). The report
 /// must then complete, exactly once: the late half of `run_task` must not take the ended attempt
@@ -107,17 +124,7 @@ async fn an_attempt_that_ends_before_run_task_returns_delivers_its_final_report(
             }),
         )
         .unwrap();
-    let key = AttemptKey {
-        job: JobId(1),
-        stage: StageId(0),
-        partition: 0,
-        attempt: 0,
-    };
-    let spawned = tokio::task::spawn_blocking({
-        let worker = worker.clone();
-        move || worker.run_task(one_batch_task(key))
-    });
-    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    let key = run_one_batch_task(&worker).await;
     // The final report has begun (at the latest once `run_task` let the attempt finish).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while started.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
@@ -162,17 +169,7 @@ impl StatusReporter for Recorded {
 async fn reports_of_a_task_started_before_the_worker_registered_wait_and_arrive_in_order() {
     let network = InProcessNetwork::default();
     let worker = Worker::new("w", "w:0", WorkerOptions::default(), Arc::new(network)).unwrap();
-    let key = AttemptKey {
-        job: JobId(1),
-        stage: StageId(0),
-        partition: 0,
-        attempt: 0,
-    };
-    let spawned = tokio::task::spawn_blocking({
-        let worker = worker.clone();
-        move || worker.run_task(one_batch_task(key))
-    });
-    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    let key = run_one_batch_task(&worker).await;
     // The attempt runs (its output exists) while the worker has no reporter yet.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while worker.store().counts().outputs == 0 && tokio::time::Instant::now() < deadline {

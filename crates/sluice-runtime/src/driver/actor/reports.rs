@@ -215,42 +215,35 @@ impl DriverActor {
     /// one is announced here, so the output never ends without reading it). The first final task
     /// left with no attempt to read, if any.
     pub(super) fn announce_final_attempts(&mut self, job: JobId) -> Option<TaskId> {
-        let (final_stage, partitions) = {
-            let entry = self.jobs.get(&job)?;
-            let stage = entry.graph.final_stage();
-            (
-                stage,
-                entry.graph.stage(stage).map_or(0, |s| s.partitions()),
-            )
-        };
-        for partition in 0..partitions {
-            let task = TaskId {
-                stage: final_stage,
-                partition,
-            };
-            let entry = self.jobs.get(&job)?;
-            let succeeded = entry.succeeded.get(&task).copied();
-            let announced = entry.announced.get(&task).copied();
-            if let Some(attempt) = succeeded
-                && announced != Some(attempt)
-            {
-                tracing::warn!(
-                    target: "sluice::driver",
-                    job = job.0,
-                    "{task} attempt {attempt} succeeded before its output was announced; \
-                     reading it now"
-                );
-                self.extend_output(job, TaskAttempt { task, attempt });
-            }
-            if !self
-                .jobs
-                .get(&job)
-                .is_some_and(|entry| entry.announced.contains_key(&task))
-            {
-                return Some(task);
-            }
+        let entry = self.jobs.get(&job)?;
+        let stage = entry.graph.final_stage();
+        let tasks: Vec<TaskId> = (0..entry.graph.stage(stage).map_or(0, |s| s.partitions()))
+            .map(|partition| TaskId { stage, partition })
+            .collect();
+        let unannounced: Vec<TaskAttempt> = tasks
+            .iter()
+            .filter_map(|task| {
+                let attempt = *entry.succeeded.get(task)?;
+                (entry.announced.get(task) != Some(&attempt)).then_some(TaskAttempt {
+                    task: *task,
+                    attempt,
+                })
+            })
+            .collect();
+        for attempt in unannounced {
+            tracing::warn!(
+                target: "sluice::driver",
+                job = job.0,
+                "{} attempt {} succeeded before its output was announced; reading it now",
+                attempt.task,
+                attempt.attempt
+            );
+            self.extend_output(job, attempt);
         }
-        None
+        let entry = self.jobs.get(&job)?;
+        tasks
+            .into_iter()
+            .find(|task| !entry.announced.contains_key(task))
     }
 
     pub(super) fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
