@@ -334,6 +334,13 @@ async fn do_get_patiently(
             // Its worker may be gone: no idle connection there is worth a try.
             pool.forget(address);
             if reused {
+                tracing::info!(
+                    target: "sluice::fetch",
+                    stream = %id,
+                    peer = address,
+                    "{what}: an idle connection got no answer ({}); calling again over a new one",
+                    status.message()
+                );
                 unanswered = true;
                 continue;
             }

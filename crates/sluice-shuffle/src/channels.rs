@@ -21,7 +21,8 @@
 //!   end: a consumer never mistakes a failed producer's partial output for all of it
 //!   (`stream_end`).
 //! - **Cancellation**: dropping a receiver frees its reservation and files and makes sends to it no-ops.
-//!   Nothing here spawns a task.
+//!   A `recv` dropped before it returned (mid-way through reading a spilled batch back) loses no
+//!   batch: the receiver reads that one again first. Nothing here spawns a task.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -125,6 +126,7 @@ pub fn channel_set(
             shared: shared.clone(),
             channel,
             ended: false,
+            spilled_head: None,
         })
         .collect();
     (
@@ -251,6 +253,10 @@ pub struct ChannelReceiver {
     channel: usize,
     /// It returned its end, or the error that ended it.
     ended: bool,
+    /// The spilled batch at the channel's head, taken off the queue and being read back: kept
+    /// until its read completes, so a `recv` dropped mid-read loses nothing (the next one reads it
+    /// again, first).
+    spilled_head: Option<Arc<dyn SpillFile>>,
 }
 
 impl ChannelReceiver {
@@ -261,9 +267,15 @@ impl ChannelReceiver {
 
     /// The next batch; `None` once every sender finished and the queue is empty. If a sender
     /// failed or went away without finishing, its error (once, at once), then `None`.
+    /// Cancel-safe: a call dropped before it returned took no batch from the channel.
     pub async fn recv(&mut self) -> Option<Result<RecordBatch>> {
         if self.ended {
             return None;
+        }
+        if let Some(file) = self.spilled_head.clone() {
+            let batch = self.read_spilled(file).await;
+            self.spilled_head = None;
+            return Some(batch);
         }
         let shared = self.shared.clone();
         loop {
@@ -300,14 +312,19 @@ impl ChannelReceiver {
             };
             match entry {
                 Some(Entry::Memory { batch, .. }) => return Some(Ok(batch)),
-                Some(Entry::Spilled { file }) => return Some(self.read_spilled(file).await),
+                Some(Entry::Spilled { file }) => {
+                    self.spilled_head = Some(Arc::clone(&file));
+                    let batch = self.read_spilled(file).await;
+                    self.spilled_head = None;
+                    return Some(batch);
+                }
                 None => data.await,
             }
         }
     }
 
     async fn read_spilled(&self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
-        // The stream holds the last reference to the file: reading it to its end deletes the file.
+        // Once read, the receiver lets go of the file (`spilled_head`), which deletes it.
         read_spilled_batch(&self.shared.spill, file, &self.shared.name, self.channel).await
     }
 }
@@ -454,6 +471,61 @@ mod tests {
         assert_eq!(read, batches * rows_per_batch);
         drop(receivers);
         assert_eq!(runtime.memory_pool.reserved(), 0);
+        assert_eq!(files_in(dir.path()), 0, "spill files left behind");
+    }
+
+    /// The values of `batches`, in order.
+    fn values_of(batches: &[RecordBatch]) -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let values = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                values.values().to_vec()
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receive_dropped_while_reading_a_spilled_batch_back_loses_no_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        // No pool memory at all: every batch is spilled.
+        let runtime = runtime(0, dir.path());
+        let (sender, mut receivers) = set(1, 128, runtime);
+        let mut receiver = receivers.remove(0);
+        for i in 0..100 {
+            assert!(sender.send(0, batch(i * 10, 10)).await.unwrap());
+        }
+        sender.finish();
+        assert_eq!(files_in(dir.path()), 100);
+        let mut received = Vec::new();
+        let mut dropped_mid_read = 0;
+        loop {
+            // Each batch: one poll, which starts reading the spill file back (on a blocking
+            // thread: often still pending), then the call is dropped; the next call must
+            // return that same batch.
+            let mut first = Box::pin(receiver.recv());
+            match futures::poll!(first.as_mut()) {
+                std::task::Poll::Ready(Some(batch)) => received.push(batch.unwrap()),
+                std::task::Poll::Ready(None) => break,
+                std::task::Poll::Pending => {
+                    drop(first);
+                    dropped_mid_read += 1;
+                    match receiver.recv().await {
+                        Some(batch) => received.push(batch.unwrap()),
+                        None => break,
+                    }
+                }
+            }
+        }
+        // The first value of each batch received, then every value.
+        let firsts: Vec<i64> = received
+            .iter()
+            .map(|b| values_of(std::slice::from_ref(b))[0])
+            .collect();
+        assert_eq!(firsts, (0..100).map(|i| i * 10).collect::<Vec<_>>());
+        assert_eq!(values_of(&received), (0..1000).collect::<Vec<_>>());
+        // Reading back often completes within the first poll; some reads must have been dropped.
+        assert!(dropped_mid_read >= 1, "{dropped_mid_read} reads dropped");
         assert_eq!(files_in(dir.path()), 0, "spill files left behind");
     }
 

@@ -243,8 +243,11 @@ impl ReplayReader {
                     return Some(Ok(batch));
                 }
                 Some(Entry::Spilled(file)) => {
+                    // Counted as read only once read back: a `recv` dropped mid-way reads it
+                    // again next time.
+                    let batch = self.read_spilled(file).await;
                     self.position += 1;
-                    return Some(self.read_spilled(file).await);
+                    return Some(batch);
                 }
                 None => appended.await,
             }
@@ -347,6 +350,47 @@ mod tests {
         );
         drop(out);
         assert_eq!(files_in(dir.path()), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_dropped_while_reading_a_spilled_batch_back_skips_no_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = output_in(1 << 30, dir.path(), Residence::Disk);
+        for i in 0..100 {
+            out.append(0, batch(i * 10, 10)).unwrap();
+        }
+        out.finish();
+        let mut reader = out.reader(0).unwrap();
+        let mut firsts = Vec::new();
+        let mut values = Vec::new();
+        let mut dropped_mid_read = 0;
+        loop {
+            // One poll starts reading a batch back from its file (on a blocking thread: often
+            // still pending), then the call is dropped; the next call returns that batch.
+            let mut first = Box::pin(reader.recv());
+            let batch = match futures::poll!(first.as_mut()) {
+                std::task::Poll::Ready(batch) => batch,
+                std::task::Poll::Pending => {
+                    drop(first);
+                    dropped_mid_read += 1;
+                    reader.recv().await
+                }
+            };
+            let Some(batch) = batch else { break };
+            let batch = batch.unwrap();
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            firsts.push(column.value(0));
+            values.extend(column.values().iter().copied());
+        }
+        // The first value of each batch read, then every value.
+        assert_eq!(firsts, (0..100).map(|i| i * 10).collect::<Vec<_>>());
+        assert_eq!(values, (0..1000).collect::<Vec<_>>());
+        // Reading back often completes within the first poll; some reads must have been dropped.
+        assert!(dropped_mid_read >= 1, "{dropped_mid_read} reads dropped");
     }
 
     #[tokio::test]

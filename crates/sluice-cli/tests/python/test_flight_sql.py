@@ -171,20 +171,24 @@ def test_fifty_concurrent_clients_of_both_protocols_get_the_local_answers_and_le
         # own: q15's view is created and dropped in each client's session without colliding.
         credentials = {"username": f"client{index}", "password": ""}
         with flight_sql.connect(CLUSTER_URL, db_kwargs=credentials, autocommit=True) as conn:
-            return [
-                number
-                for number in client_queries(index)
-                if not run(conn, statements_of(number)).equals(expected[number])
-            ]
+            differing = []
+            for number in client_queries(index):
+                got = run(conn, statements_of(number))
+                if not got.equals(expected[number]):
+                    # What differs, so a rare failure tells no rows, other rows and another
+                    # schema apart.
+                    differing.append((number, "flight-sql", str(got.schema), got.to_pylist()[:5]))
+            return differing
 
     def postgres_client(index):
         # A Postgres connection is a session of its own too.
         with test_postgres.connect(test_postgres.CLUSTER, user=f"client{index}") as conn:
-            return [
-                number
-                for number in client_queries(index)
-                if test_postgres.run(conn, statements_of(number))[1] != expected_pg[number]
-            ]
+            differing = []
+            for number in client_queries(index):
+                names, rows = test_postgres.run(conn, statements_of(number))
+                if rows != expected_pg[number]:
+                    differing.append((number, "postgres", names, rows[:5]))
+            return differing
 
     def client_queries(index):
         return [numbers[(index * 10 + k) % len(numbers)] for k in range(10)]
@@ -194,7 +198,8 @@ def test_fifty_concurrent_clients_of_both_protocols_get_the_local_answers_and_le
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
         results = list(pool.map(client, range(50)))
-    assert [r for r in results if r] == []
+    differing = [d for r in results for d in r]
+    assert differing == [], [(d, expected_pg[d[0]][:5]) for d in differing]
     assert server_state()["sessions"] == sessions_before + 25
     # Cleanup after a job ends is asynchronous (stream releases, CleanUpJob, a closed socket's
     # connection task): give it a moment.
