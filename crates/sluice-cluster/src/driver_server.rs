@@ -163,6 +163,19 @@ impl DriverService for DriverEndpoint {
                 "RegisterWorker needs an address and at least one task slot",
             ));
         }
+        let build = crate::wire::build();
+        if request.build != build {
+            return Err(Status::failed_precondition(format!(
+                "the worker at {} runs {}, the driver {build}: a cluster runs one build (plans and \
+                 settings travel in its encoding)",
+                request.address,
+                if request.build.is_empty() {
+                    "a build that does not say which"
+                } else {
+                    &request.build
+                },
+            )));
+        }
         let client = GrpcWorkerClient::new(&request.address, &self.link).map_err(|e| {
             Status::invalid_argument(format!(
                 "cannot register a worker at '{}': {e}",

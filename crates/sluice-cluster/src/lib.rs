@@ -53,6 +53,7 @@ pub const KUBERNETES: bool = cfg!(feature = "kubernetes");
 pub use process_cluster::{ProcessCluster, ProcessClusterOptions};
 pub use process_workers::{DRAIN_LINE, ProcessWorkers};
 pub use runner::{LocalClusterRunner, ProcessClusterRunner};
+pub use wire::build;
 pub use worker_process::{
     StopRequest, WorkerExit, WorkerProcessOptions, default_work_dir, run_worker_process,
 };

@@ -58,6 +58,17 @@ fn malformed(what: impl Into<String>) -> DataFusionError {
     DataFusionError::Plan(format!("malformed cluster message: {}", what.into()))
 }
 
+/// This build, as a worker names it when it registers: the driver accepts only its own, since plans
+/// travel in this build's datafusion-proto encoding and a task's settings as the ones that differ
+/// from its DataFusion defaults.
+pub fn build() -> String {
+    format!(
+        "sluice {} (DataFusion {})",
+        env!("CARGO_PKG_VERSION"),
+        datafusion::DATAFUSION_VERSION
+    )
+}
+
 /// A count as a protobuf `uint32`, or an error naming what overflowed.
 pub(crate) fn to_u32(value: usize, what: &str) -> Result<u32> {
     u32::try_from(value)

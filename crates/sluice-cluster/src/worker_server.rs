@@ -176,6 +176,7 @@ impl WorkerServer {
             .register_worker(proto::RegisterWorkerRequest {
                 address: self.worker.address().to_string(),
                 slots: to_u32(self.worker.slots(), "task slots")?,
+                build: crate::wire::build(),
             })
             .await
             .map_err(|status| {

@@ -195,6 +195,7 @@ async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_d
         .register_worker(proto::RegisterWorkerRequest {
             address: "not an address".to_string(),
             slots: 4,
+            build: sluice_cluster::build(),
         })
         .await
         .unwrap_err();
@@ -205,6 +206,32 @@ async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_d
             .starts_with("cannot register a worker at 'not an address'"),
         "{status:?}"
     );
+    // A worker of another build, or one that does not say, is refused.
+    for (build, runs) in [
+        (
+            "sluice 0.0.1 (DataFusion 54.0.0)",
+            "sluice 0.0.1 (DataFusion 54.0.0)",
+        ),
+        ("", "a build that does not say which"),
+    ] {
+        let status = driver
+            .register_worker(proto::RegisterWorkerRequest {
+                address: "127.0.0.1:1".to_string(),
+                slots: 4,
+                build: build.to_string(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert_eq!(
+            status.message(),
+            format!(
+                "the worker at 127.0.0.1:1 runs {runs}, the driver {}: a cluster runs one build \
+                 (plans and settings travel in its encoding)",
+                sluice_cluster::build()
+            )
+        );
+    }
     let status = driver
         .report_task_status(proto::TaskStatusReport {
             worker_id: 1,
@@ -289,6 +316,7 @@ async fn calls_without_the_secret_or_with_a_wrong_one_are_unauthenticated_and_do
             .register_worker(proto::RegisterWorkerRequest {
                 address: "127.0.0.1:1".to_string(),
                 slots: 4,
+                build: sluice_cluster::build(),
             })
             .await
             .unwrap_err();

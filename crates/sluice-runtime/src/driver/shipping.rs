@@ -1,15 +1,19 @@
 //! What each stage of a job sends to its tasks, prepared once when the job is accepted: worker stages
 //! are encoded with the wire codec (one encoding shared by every task and attempt of the stage);
-//! driver stages keep their in-memory plan and the session's context.
+//! driver stages keep their in-memory plan and the session's context. The session's settings go as
+//! the ones a worker could not know ([`shipped_settings`]), not all of DataFusion's two hundred.
 //!
 //! Where a stage runs is decided once, by the job graph builder (`Stage::placement`); this module only
 //! follows it. A worker stage that cannot be encoded fails the job here, before any task runs,
 //! naming the stage.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use datafusion::prelude::SessionConfig;
 use sluice_planner::{JobGraph, TaskPlacement};
 
 use crate::codec::encode_stage_plan;
@@ -33,4 +37,89 @@ pub(super) fn ship_stages(graph: &JobGraph, context: &Arc<TaskContext>) -> Resul
                 }),
         })
         .collect()
+}
+
+/// Settings whose default depends on the machine (its cores): always shipped, as a worker's own
+/// default may differ from the driver's.
+const MACHINE_DEPENDENT: &[&str] = &[
+    "datafusion.execution.target_partitions",
+    "datafusion.execution.planning_concurrency",
+];
+
+/// DataFusion's default value of every setting (this process's; see [`MACHINE_DEPENDENT`]).
+static DEFAULTS: LazyLock<HashMap<String, Option<String>>> = LazyLock::new(|| {
+    ConfigOptions::default()
+        .entries()
+        .into_iter()
+        .map(|entry| (entry.key, entry.value))
+        .collect()
+});
+
+/// The settings of `config` a task needs shipped: every one set to other than DataFusion's default,
+/// and the machine-dependent ones. A worker starts from the same defaults (it runs the same build)
+/// and applies these, so its tasks see exactly the session's settings; a task definition carries a
+/// handful of entries instead of every setting.
+pub(super) fn shipped_settings(config: &SessionConfig) -> HashMap<String, String> {
+    config
+        .options()
+        .entries()
+        .into_iter()
+        .filter_map(|entry| {
+            let value = entry.value?;
+            let keep = MACHINE_DEPENDENT.contains(&entry.key.as_str())
+                || DEFAULTS.get(&entry.key) != Some(&Some(value.clone()));
+            keep.then_some((entry.key, value))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    /// What a worker rebuilds from `shipped`, as (key, value) pairs.
+    fn rebuilt(shipped: &HashMap<String, String>) -> Vec<(String, Option<String>)> {
+        let config = SessionConfig::from_string_hash_map(shipped).unwrap();
+        let mut entries: Vec<_> = config
+            .options()
+            .entries()
+            .into_iter()
+            .map(|entry| (entry.key, entry.value))
+            .collect();
+        entries.sort();
+        entries
+    }
+
+    #[test]
+    fn only_changed_and_machine_dependent_settings_are_shipped_and_they_rebuild_the_session() {
+        let config = SessionConfig::new()
+            .with_batch_size(1234)
+            .set_str("datafusion.execution.time_zone", "Europe/Paris")
+            .set_bool("datafusion.optimizer.prefer_hash_join", false);
+        let shipped = shipped_settings(&config);
+        let mut keys: Vec<&str> = shipped.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "datafusion.execution.batch_size",
+                "datafusion.execution.planning_concurrency",
+                "datafusion.execution.target_partitions",
+                "datafusion.execution.time_zone",
+                "datafusion.optimizer.prefer_hash_join",
+            ]
+        );
+        assert_eq!(shipped["datafusion.execution.batch_size"], "1234");
+        // What the worker rebuilds is the session's settings, every one of them.
+        let mut session: Vec<_> = config
+            .options()
+            .entries()
+            .into_iter()
+            .map(|entry| (entry.key, entry.value))
+            .collect();
+        session.sort();
+        assert_eq!(rebuilt(&shipped), session);
+    }
 }

@@ -38,7 +38,7 @@ use super::journal::{Journal, Transition};
 use super::output::{FinishedJob, OutputCommand};
 use super::placement::Location;
 use super::registry::WorkerRegistry;
-use super::shipping::ship_stages;
+use super::shipping::{ship_stages, shipped_settings};
 use super::{
     DriverEvent, DriverOptions, DriverSnapshot, ExecutorEndpoint, JobProgress, JobRecord, JobState,
     Submission,
@@ -319,13 +319,7 @@ impl DriverActor {
                 return;
             }
         };
-        let config = context
-            .session_config()
-            .options()
-            .entries()
-            .into_iter()
-            .filter_map(|entry| entry.value.map(|value| (entry.key, value)))
-            .collect();
+        let config = shipped_settings(context.session_config());
         let memory_limit = match context.runtime_env().memory_pool.memory_limit() {
             MemoryLimit::Finite(bytes) => u64::try_from(bytes).ok(),
             _ => None,

@@ -213,7 +213,8 @@ impl DriverActor {
     /// At the job's success: every final-stage task's succeeded attempt is announced to the job
     /// output (normally done at its `Running` report; a success that reached the scheduler without
     /// one is announced here, so the output never ends without reading it). The first final task
-    /// left with no attempt to read, if any.
+    /// whose succeeded attempt is still not the one announced (nothing, or an earlier attempt, is
+    /// read for it), if any.
     pub(super) fn announce_final_attempts(&mut self, job: JobId) -> Option<TaskId> {
         let entry = self.jobs.get(&job)?;
         let stage = entry.graph.final_stage();
@@ -240,10 +241,14 @@ impl DriverActor {
             );
             self.extend_output(job, attempt);
         }
+        // Announcing can do nothing (the attempt's worker has no address any more): a final task
+        // whose announced attempt is not its succeeded one (none, or an earlier attempt) has
+        // nothing right to read.
         let entry = self.jobs.get(&job)?;
-        tasks
-            .into_iter()
-            .find(|task| !entry.announced.contains_key(task))
+        tasks.into_iter().find(|task| {
+            !entry.announced.contains_key(task)
+                || entry.announced.get(task) != entry.succeeded.get(task)
+        })
     }
 
     pub(super) fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
