@@ -3,7 +3,7 @@
 //! streams of driver-placed stages, which workers read like any other) on one address.
 //!
 //! ```text
-//!   RegisterWorker(address, slots) ─► GrpcWorkerClient ─► Driver (registration; answers its epoch)
+//!   RegisterWorker(address, slots, build) ─► GrpcWorkerClient ─► Driver (registration; answers its epoch)
 //!   Heartbeat(worker id, epoch, known attempts) ───────► Driver (liveness, reconciliation)
 //!   ReportTaskStatus(epoch) ─► wire::report_from_proto ► Driver
 //!   DoGet ─► the driver executor's StreamStore
@@ -12,7 +12,8 @@
 //! Invariants: a request the driver cannot use (no address, no slots, an address that is not
 //! `host:port`, a malformed report) gets `InvalidArgument` and changes nothing; a heartbeat or a
 //! report carrying another driver instance's epoch changes nothing either: the heartbeat is
-//! answered "not registered" (the worker registers afresh) and the report `FailedPrecondition`.
+//! answered "not registered" (the worker registers afresh) and the report `FailedPrecondition`; a
+//! worker of another version (`wire::build`) is refused with `FailedPrecondition` and not added.
 
 use std::sync::Arc;
 
@@ -166,8 +167,8 @@ impl DriverService for DriverEndpoint {
         let build = crate::wire::build();
         if request.build != build {
             return Err(Status::failed_precondition(format!(
-                "the worker at {} runs {}, the driver {build}: a cluster runs one build (plans and \
-                 settings travel in its encoding)",
+                "the worker at {} runs {}, the driver {build}: a cluster runs one version (plans \
+                 and settings travel in its encoding)",
                 request.address,
                 if request.build.is_empty() {
                     "a build that does not say which"

@@ -58,9 +58,10 @@ fn malformed(what: impl Into<String>) -> DataFusionError {
     DataFusionError::Plan(format!("malformed cluster message: {}", what.into()))
 }
 
-/// This build, as a worker names it when it registers: the driver accepts only its own, since plans
-/// travel in this build's datafusion-proto encoding and a task's settings as the ones that differ
-/// from its DataFusion defaults.
+/// This build's version (Sluice's and DataFusion's), as a worker names it when it registers: the
+/// driver accepts only its own, since plans travel in this version's datafusion-proto encoding and a
+/// task's settings as the ones that differ from its DataFusion defaults. (Builds of one version from
+/// different commits are not told apart.)
 pub fn build() -> String {
     format!(
         "sluice {} (DataFusion {})",

@@ -206,7 +206,7 @@ async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_d
             .starts_with("cannot register a worker at 'not an address'"),
         "{status:?}"
     );
-    // A worker of another build, or one that does not say, is refused.
+    // A worker of another version, or one that does not say, is refused.
     for (build, runs) in [
         (
             "sluice 0.0.1 (DataFusion 54.0.0)",
@@ -226,7 +226,7 @@ async fn a_worker_at_an_unusable_address_or_a_garbled_report_is_refused_by_the_d
         assert_eq!(
             status.message(),
             format!(
-                "the worker at 127.0.0.1:1 runs {runs}, the driver {}: a cluster runs one build \
+                "the worker at 127.0.0.1:1 runs {runs}, the driver {}: a cluster runs one version \
                  (plans and settings travel in its encoding)",
                 sluice_cluster::build()
             )

@@ -14,8 +14,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::common::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionConfig;
 use sluice_planner::{
     AttemptKey, InputKey, InputMode, OutputDistribution, OutputMode, StageId, StreamId, WorkerId,
 };
@@ -142,4 +144,25 @@ pub struct TaskStatusReport {
     pub sequence: u64,
     /// What happened.
     pub state: TaskState,
+}
+
+/// DataFusion settings another one overwrites when it is applied (`enable_dynamic_filter_pushdown`
+/// sets all three, and `SessionConfig::from_string_hash_map` applies it after them): a task
+/// definition always carries them, and [`session_config_of`] applies them again last.
+pub(crate) const CASCADED_SETTINGS: &[&str] = &[
+    "datafusion.optimizer.enable_topk_dynamic_filter_pushdown",
+    "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+    "datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown",
+];
+
+/// The session settings a task runs with, rebuilt on DataFusion's defaults from the ones its
+/// definition carries (`driver::shipping::shipped_settings`).
+pub(crate) fn session_config_of(settings: &HashMap<String, String>) -> Result<SessionConfig> {
+    let mut config = SessionConfig::from_string_hash_map(settings)?;
+    for key in CASCADED_SETTINGS {
+        if let Some(value) = settings.get(*key) {
+            config.options_mut().set(key, value)?;
+        }
+    }
+    Ok(config)
 }

@@ -273,6 +273,15 @@ impl ChannelReceiver {
             return None;
         }
         if let Some(file) = self.spilled_head.clone() {
+            // A sender's failure still comes first, as for a batch taken from the queue.
+            let failed = match self.shared.lock() {
+                Ok(state) => state.end.reader_error(&self.shared.name),
+                Err(error) => Some(error),
+            };
+            if let Some(error) = failed {
+                self.ended = true;
+                return Some(Err(error));
+            }
             let batch = self.read_spilled(file).await;
             self.spilled_head = None;
             return Some(batch);

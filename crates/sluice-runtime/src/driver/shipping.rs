@@ -17,7 +17,7 @@ use datafusion::prelude::SessionConfig;
 use sluice_planner::{JobGraph, TaskPlacement};
 
 use crate::codec::encode_stage_plan;
-use crate::definition::StagePlan;
+use crate::definition::{CASCADED_SETTINGS, StagePlan};
 
 /// The plan every task of each stage of `graph` runs, by stage.
 pub(super) fn ship_stages(graph: &JobGraph, context: &Arc<TaskContext>) -> Result<Vec<StagePlan>> {
@@ -56,8 +56,9 @@ static DEFAULTS: LazyLock<HashMap<String, Option<String>>> = LazyLock::new(|| {
 });
 
 /// The settings of `config` a task needs shipped: every one set to other than DataFusion's default,
-/// and the machine-dependent ones. A worker starts from the same defaults (it runs the same build)
-/// and applies these, so its tasks see exactly the session's settings; a task definition carries a
+/// the machine-dependent ones and the cascaded ones (`CASCADED_SETTINGS`). A worker starts from
+/// the same defaults (the driver refuses a worker of another version) and applies these
+/// (`session_config_of`), so its tasks see the session's settings; a task definition carries a
 /// handful of entries instead of every setting.
 pub(super) fn shipped_settings(config: &SessionConfig) -> HashMap<String, String> {
     config
@@ -67,6 +68,7 @@ pub(super) fn shipped_settings(config: &SessionConfig) -> HashMap<String, String
         .filter_map(|entry| {
             let value = entry.value?;
             let keep = MACHINE_DEPENDENT.contains(&entry.key.as_str())
+                || CASCADED_SETTINGS.contains(&entry.key.as_str())
                 || DEFAULTS.get(&entry.key) != Some(&Some(value.clone()));
             keep.then_some((entry.key, value))
         })
@@ -81,7 +83,7 @@ mod tests {
 
     /// What a worker rebuilds from `shipped`, as (key, value) pairs.
     fn rebuilt(shipped: &HashMap<String, String>) -> Vec<(String, Option<String>)> {
-        let config = SessionConfig::from_string_hash_map(shipped).unwrap();
+        let config = crate::definition::session_config_of(shipped).unwrap();
         let mut entries: Vec<_> = config
             .options()
             .entries()
@@ -93,11 +95,19 @@ mod tests {
     }
 
     #[test]
-    fn only_changed_and_machine_dependent_settings_are_shipped_and_they_rebuild_the_session() {
+    fn only_changed_machine_dependent_and_cascaded_settings_are_shipped_and_they_rebuild_the_session()
+     {
         let config = SessionConfig::new()
             .with_batch_size(1234)
             .set_str("datafusion.execution.time_zone", "Europe/Paris")
-            .set_bool("datafusion.optimizer.prefer_hash_join", false);
+            .set_bool("datafusion.optimizer.prefer_hash_join", false)
+            // Turns the three dynamic filter settings off, then one of them on again: applied
+            // in DataFusion's field order, the first would undo the second.
+            .set_bool("datafusion.optimizer.enable_dynamic_filter_pushdown", false)
+            .set_bool(
+                "datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown",
+                true,
+            );
         let shipped = shipped_settings(&config);
         let mut keys: Vec<&str> = shipped.keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -108,6 +118,10 @@ mod tests {
                 "datafusion.execution.planning_concurrency",
                 "datafusion.execution.target_partitions",
                 "datafusion.execution.time_zone",
+                "datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown",
+                "datafusion.optimizer.enable_dynamic_filter_pushdown",
+                "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+                "datafusion.optimizer.enable_topk_dynamic_filter_pushdown",
                 "datafusion.optimizer.prefer_hash_join",
             ]
         );

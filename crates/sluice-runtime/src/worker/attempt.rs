@@ -206,7 +206,7 @@ fn task_context(
     definition: &TaskDefinition,
     runtime: Arc<RuntimeEnv>,
 ) -> Result<Arc<TaskContext>> {
-    let mut config = SessionConfig::from_string_hash_map(&definition.config)?;
+    let mut config = crate::definition::session_config_of(&definition.config)?;
     for (name, value) in sluice_planner::DISTRIBUTED_SETTINGS {
         config.options_mut().set(name, value)?;
     }

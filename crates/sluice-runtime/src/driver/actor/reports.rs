@@ -245,10 +245,9 @@ impl DriverActor {
         // whose announced attempt is not its succeeded one (none, or an earlier attempt) has
         // nothing right to read.
         let entry = self.jobs.get(&job)?;
-        tasks.into_iter().find(|task| {
-            !entry.announced.contains_key(task)
-                || entry.announced.get(task) != entry.succeeded.get(task)
-        })
+        tasks
+            .into_iter()
+            .find(|task| entry.announced.get(task) != entry.succeeded.get(task))
     }
 
     pub(super) fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
