@@ -282,9 +282,7 @@ impl ChannelReceiver {
                 self.ended = true;
                 return Some(Err(error));
             }
-            let batch = self.read_spilled(file).await;
-            self.spilled_head = None;
-            return Some(batch);
+            return Some(self.read_spilled_head(file).await);
         }
         let shared = self.shared.clone();
         loop {
@@ -321,20 +319,21 @@ impl ChannelReceiver {
             };
             match entry {
                 Some(Entry::Memory { batch, .. }) => return Some(Ok(batch)),
-                Some(Entry::Spilled { file }) => {
-                    self.spilled_head = Some(Arc::clone(&file));
-                    let batch = self.read_spilled(file).await;
-                    self.spilled_head = None;
-                    return Some(batch);
-                }
+                Some(Entry::Spilled { file }) => return Some(self.read_spilled_head(file).await),
                 None => data.await,
             }
         }
     }
 
-    async fn read_spilled(&self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
-        // Once read, the receiver lets go of the file (`spilled_head`), which deletes it.
-        read_spilled_batch(&self.shared.spill, file, &self.shared.name, self.channel).await
+    /// Reads the channel's spilled head `file` back, keeping it as `spilled_head` until read (a
+    /// call dropped meanwhile leaves it for the next one); once read, the receiver lets go of the
+    /// file, which deletes it.
+    async fn read_spilled_head(&mut self, file: Arc<dyn SpillFile>) -> Result<RecordBatch> {
+        self.spilled_head = Some(Arc::clone(&file));
+        let batch =
+            read_spilled_batch(&self.shared.spill, file, &self.shared.name, self.channel).await;
+        self.spilled_head = None;
+        batch
     }
 }
 

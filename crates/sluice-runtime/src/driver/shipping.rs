@@ -81,9 +81,8 @@ mod tests {
 
     use super::*;
 
-    /// What a worker rebuilds from `shipped`, as (key, value) pairs.
-    fn rebuilt(shipped: &HashMap<String, String>) -> Vec<(String, Option<String>)> {
-        let config = crate::definition::session_config_of(shipped).unwrap();
+    /// Every setting of `config`, as sorted (key, value) pairs.
+    fn settings(config: &SessionConfig) -> Vec<(String, Option<String>)> {
         let mut entries: Vec<_> = config
             .options()
             .entries()
@@ -127,13 +126,7 @@ mod tests {
         );
         assert_eq!(shipped["datafusion.execution.batch_size"], "1234");
         // What the worker rebuilds is the session's settings, every one of them.
-        let mut session: Vec<_> = config
-            .options()
-            .entries()
-            .into_iter()
-            .map(|entry| (entry.key, entry.value))
-            .collect();
-        session.sort();
-        assert_eq!(rebuilt(&shipped), session);
+        let rebuilt = crate::definition::session_config_of(&shipped).unwrap();
+        assert_eq!(settings(&rebuilt), settings(&config));
     }
 }
