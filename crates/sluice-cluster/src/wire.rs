@@ -228,6 +228,11 @@ pub(crate) fn encode_definition(definition: &TaskDefinition) -> Result<Vec<u8>> 
         config: definition.config.as_ref().clone(),
         memory_limit: definition.memory_limit,
         report_plan_metrics: definition.report_plan_metrics,
+        summarise_columns: definition
+            .summarise_columns
+            .iter()
+            .map(|c| to_u32(*c, "summarised column"))
+            .collect::<Result<Vec<_>>>()?,
     };
     Ok(message.encode_to_vec())
 }
@@ -298,6 +303,11 @@ pub(crate) fn decode_definition(bytes: &[u8], ctx: &TaskContext) -> Result<TaskD
         config: Arc::new(message.config),
         memory_limit: message.memory_limit,
         report_plan_metrics: message.report_plan_metrics,
+        summarise_columns: message
+            .summarise_columns
+            .iter()
+            .map(|c| *c as usize)
+            .collect(),
     })
 }
 
@@ -340,6 +350,7 @@ fn metrics_to_proto(m: &TaskMetrics) -> proto::TaskMetrics {
         plan: m.plan.clone(),
         fetch_retries: m.fetch_retries,
         fetch_retried: m.fetch_retried.clone(),
+        key_summary: m.key_summary.clone(),
     }
 }
 
@@ -362,6 +373,7 @@ fn metrics_from_proto(m: &proto::TaskMetrics) -> TaskMetrics {
         plan: m.plan.clone(),
         fetch_retries: m.fetch_retries,
         fetch_retried: m.fetch_retried.clone(),
+        key_summary: m.key_summary.clone(),
     }
 }
 
@@ -556,6 +568,7 @@ pub(crate) mod tests {
             config: Arc::new([("a".to_string(), "b".to_string())].into()),
             memory_limit: Some(1 << 30),
             report_plan_metrics: true,
+            summarise_columns: vec![1, 0],
         }
     }
 
@@ -574,6 +587,7 @@ pub(crate) mod tests {
         assert_eq!(back.config, definition.config);
         assert_eq!(back.memory_limit, Some(1 << 30));
         assert!(back.report_plan_metrics);
+        assert_eq!(back.summarise_columns, [1, 0]);
     }
 
     #[test]
@@ -697,6 +711,7 @@ pub(crate) mod tests {
             plan: "ShuffleWriterExec".into(),
             fetch_retries: 14,
             fetch_retried: "reading stream … from 10.0.0.2:1: tcp connect error".into(),
+            key_summary: vec![16, 17],
         };
         let report = TaskStatusReport {
             worker: WorkerId(1),

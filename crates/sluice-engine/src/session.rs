@@ -545,7 +545,11 @@ impl SluiceSession {
         let plan = state.create_physical_plan(&logical).await?;
         let plan = balance_scans(plan, state.runtime_env()).await?;
         let (plan, _staging) = sluice_runtime::write::stage_file_writes(plan)?;
-        Ok(JobGraph::try_new_with(plan, &self.runner.graph_options())?)
+        let options = sluice_runtime::codec::with_session_switches(
+            self.runner.graph_options(),
+            state.config().options(),
+        );
+        Ok(JobGraph::try_new_with(plan, &options)?)
     }
 
     /// The job graph of `statement` as text or JSON. The statement is planned with the settings a

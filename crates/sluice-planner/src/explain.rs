@@ -1,17 +1,21 @@
 //! EXPLAIN DISTRIBUTED: a job graph and its topology as text or JSON.
 //!
 //! Text shows each stage (id, placement, partitions, output distribution and mode, inputs) followed
-//! by its indented physical plan, then the task regions with their dependencies. JSON has the shape
+//! by the runtime filters its plan gets and its indented physical plan, then the task regions with
+//! their dependencies. JSON has the shape
 //! `{"stages":[{"id","partitions","placement","mode","distribution":{"kind","channels","keys"},
-//! "inputs":[{"stage","mode"}],"plan"}],"regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
+//! "inputs":[{"stage","mode"}],"runtime_filters":[text],"plan"}],
+//! "regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use datafusion::physical_plan::displayable;
 use serde_json::{Value, json};
 
 use crate::ids::RegionId;
-use crate::job_graph::{JobGraph, Stage};
+use crate::ids::StageId;
+use crate::job_graph::{JobGraph, RuntimeFilter, Stage};
 use crate::topology::TaskRegion;
 
 fn plan_text(stage: &Stage) -> String {
@@ -26,6 +30,46 @@ fn distribution_text(stage: &Stage) -> String {
     } else {
         format!("{}([{}], {})", d.kind(), keys.join(", "), d.channels())
     }
+}
+
+/// One line per runtime filter `stage`'s plan gets.
+fn runtime_filter_lines(graph: &JobGraph, stage: StageId) -> Vec<String> {
+    graph
+        .runtime_filters()
+        .iter()
+        .filter(|f| f.target == stage)
+        .map(|f| runtime_filter_text(graph, f))
+        .collect()
+}
+
+fn runtime_filter_text(graph: &JobGraph, filter: &RuntimeFilter) -> String {
+    let columns = |stage: StageId, path: &[usize], indices: &[usize]| {
+        let mut plan = graph.stage(stage).map(|s| Arc::clone(&s.plan));
+        for i in path {
+            plan = plan.and_then(|p| p.children().get(*i).map(|c| Arc::clone(c)));
+        }
+        let schema = plan.map(|p| p.schema());
+        indices
+            .iter()
+            .map(|i| match schema.as_ref().and_then(|s| s.fields().get(*i)) {
+                Some(field) => format!("{}@{i}", field.name()),
+                None => format!("@{i}"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let place = if filter.target_path.is_empty() {
+        "on top of the plan".to_string()
+    } else {
+        "on top of the join's probe side".to_string()
+    };
+    format!(
+        "runtime filter: [{}] within stage {}'s [{}], {place}, for {}",
+        columns(filter.target, &filter.target_path, &filter.target_columns),
+        filter.source,
+        columns(filter.source, &[], &filter.source_columns),
+        filter.join
+    )
 }
 
 fn region_tasks(region: &TaskRegion) -> String {
@@ -60,6 +104,9 @@ pub fn explain_text(graph: &JobGraph) -> String {
         );
         if !inputs.is_empty() {
             let _ = writeln!(out, "  inputs: {}", inputs.join(", "));
+        }
+        for line in runtime_filter_lines(graph, StageId(id)) {
+            let _ = writeln!(out, "  {line}");
         }
         for line in plan_text(stage).lines() {
             let _ = writeln!(out, "  {line}");
@@ -105,6 +152,7 @@ pub fn explain_json(graph: &JobGraph) -> Value {
                     "stage": i.stage.0,
                     "mode": i.mode.name(),
                 })).collect::<Vec<_>>(),
+                "runtime_filters": runtime_filter_lines(graph, StageId(id)),
                 "plan": plan_text(stage),
             })
         })

@@ -19,6 +19,9 @@
 //! [`Dependency::Component`] rather than one entry per region: a chain of stages of `W` tasks costs
 //! `O(W)` per stage, not `O(W²)`, and the scheduler tracks a component's unfinished regions with
 //! one counter.
+//!
+//! A runtime filter whose target is another stage than its join's (see `runtime_filters`) adds a
+//! wait: the target stage's regions depend on the filter source's component as if they read it.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -75,9 +78,10 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 impl JobTopology {
-    /// Groups the tasks of `stages` (a job graph's, in topological order) into regions. The job
-    /// graph does this once, when it is built: see `JobGraph::topology`.
-    pub(crate) fn build(stages: &[Stage]) -> Result<Self> {
+    /// Groups the tasks of `stages` (a job graph's, in topological order) into regions; each
+    /// `(source, target)` of `waits` makes the target stage's regions wait for the source stage's
+    /// component. The job graph does this once, when it is built: see `JobGraph::topology`.
+    pub(crate) fn build(stages: &[Stage], waits: &[(StageId, StageId)]) -> Result<Self> {
         let mut parent: Vec<usize> = (0..stages.len()).collect();
         for (consumer, stage) in stages.iter().enumerate() {
             for input in &stage.inputs {
@@ -160,18 +164,23 @@ impl JobTopology {
             let own = component_of[r];
             let mut depends = BTreeSet::new();
             for t in &region.tasks {
-                for input in &stages[t.stage.0].inputs {
-                    let dependency = match input.mode {
+                let waited = waits
+                    .iter()
+                    .filter(|(_, target)| *target == t.stage)
+                    .map(|(source, _)| (*source, InputMode::Broadcast));
+                let read = stages[t.stage.0].inputs.iter().map(|i| (i.stage, i.mode));
+                for (input_stage, input_mode) in read.chain(waited) {
+                    let dependency = match input_mode {
                         InputMode::Forward => {
                             let id = TaskId {
-                                stage: input.stage,
+                                stage: input_stage,
                                 partition: t.partition,
                             };
                             let Some(dep) = region_of.get(&id) else {
                                 return internal_err!(
                                     "task {} of stage {} (read by stage {}) is in no region",
                                     t.partition,
-                                    input.stage,
+                                    input_stage,
                                     t.stage
                                 );
                             };
@@ -187,7 +196,7 @@ impl JobTopology {
                             Dependency::Region(*dep)
                         }
                         _ => {
-                            let component = component_of_stage[input.stage.0];
+                            let component = component_of_stage[input_stage.0];
                             if component == own {
                                 continue;
                             }

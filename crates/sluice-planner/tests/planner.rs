@@ -529,3 +529,130 @@ async fn graphs_with_bad_stage_order_are_refused() {
     )];
     assert!(JobGraph::from_stages(stages, template.schema()).is_err());
 }
+
+/// The job graph of `sql` with blocking exchanges and partitioned joins.
+async fn blocking_join_graph(sql: &str, runtime_filters: bool) -> JobGraph {
+    let ctx = context(&[
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold",
+            "0",
+        ),
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+            "0",
+        ),
+    ]);
+    let options = JobGraphOptions {
+        exchange_mode: OutputMode::Blocking,
+        runtime_filters,
+        ..JobGraphOptions::default()
+    };
+    JobGraph::try_new_with(plan(&ctx, sql).await, &options).unwrap()
+}
+
+#[tokio::test]
+async fn a_partitioned_join_filters_its_probe_producer_which_waits_for_the_build_producer() {
+    let g = blocking_join_graph("select big.b from small join big on small.a = big.a", true).await;
+    let [filter] = g.runtime_filters() else {
+        panic!(
+            "one filter: {:?}\n{}",
+            g.runtime_filters(),
+            sluice_planner::explain::explain_text(&g)
+        );
+    };
+    let join_stage = g
+        .stages()
+        .iter()
+        .position(|s| text(&s.plan).contains("HashJoinExec: mode=Partitioned"))
+        .unwrap();
+    let join_inputs: Vec<StageId> = g.stages()[join_stage]
+        .inputs
+        .iter()
+        .map(|i| i.stage)
+        .collect();
+    // The build side's producer filters the probe side's producer, on top of its plan.
+    assert_eq!(join_inputs, [filter.source, filter.target]);
+    assert!(filter.target_path.is_empty());
+    assert_eq!(
+        (
+            filter.source_columns.as_slice(),
+            filter.target_columns.as_slice()
+        ),
+        (&[0][..], &[0][..])
+    );
+    // The probe producer's regions wait for the build producer's, which they do not read.
+    let topology = g.topology();
+    let region = |stage: StageId| {
+        topology
+            .region_of(sluice_planner::TaskId {
+                stage,
+                partition: 0,
+            })
+            .unwrap()
+    };
+    assert!(
+        topology
+            .dependency_regions(region(filter.target))
+            .contains(&region(filter.source)),
+        "{}",
+        sluice_planner::explain::explain_text(&g)
+    );
+    let explained = sluice_planner::explain::explain_text(&g);
+    assert!(
+        explained.contains(&format!(
+            "runtime filter: [a@0] within stage {}'s [a@0], on top of the plan, for HashJoinExec Inner on (a@0 = a@0) in stage {join_stage}",
+            filter.source
+        )),
+        "{explained}"
+    );
+
+    // Off: no filter, and the probe producer waits for nothing.
+    let off =
+        blocking_join_graph("select big.b from small join big on small.a = big.a", false).await;
+    assert!(off.runtime_filters().is_empty());
+}
+
+#[tokio::test]
+async fn joins_that_keep_unmatched_probe_rows_or_pipelined_exchanges_get_no_filter() {
+    for sql in [
+        "select big.b from small right join big on small.a = big.a",
+        "select big.b from small full join big on small.a = big.a",
+        // A NOT IN anti join: one NULL among the subquery's keys empties the answer.
+        "select big.b from big where big.a not in (select a from small)",
+    ] {
+        let g = blocking_join_graph(sql, true).await;
+        assert!(
+            g.runtime_filters().is_empty(),
+            "{sql}\n{}",
+            sluice_planner::explain::explain_text(&g)
+        );
+    }
+    // A key computed below the exchange is a column of the producer's output: it can filter.
+    let g = blocking_join_graph(
+        "select big.b from small join big on small.a + 1 = big.a",
+        true,
+    )
+    .await;
+    let [filter] = g.runtime_filters() else {
+        panic!("one filter: {:?}", g.runtime_filters());
+    };
+    assert_eq!(filter.source_columns, [1]);
+    let pipelined = JobGraph::try_new(
+        plan(
+            &context(&[
+                (
+                    "datafusion.optimizer.hash_join_single_partition_threshold",
+                    "0",
+                ),
+                (
+                    "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+                    "0",
+                ),
+            ]),
+            "select big.b from small join big on small.a = big.a",
+        )
+        .await,
+    )
+    .unwrap();
+    assert!(pipelined.runtime_filters().is_empty());
+}

@@ -64,6 +64,10 @@ pub struct TaskMetrics {
     pub fetch_retries: u64,
     /// The last failure that made one of them try again (empty without retries).
     pub fetch_retried: String,
+    /// The summary of the output columns its definition asked for (`summarise_columns`), Arrow
+    /// IPC as `runtime_filter::KeySummary::encode` writes it; empty when none was asked for or
+    /// the output was not written to its end. Not summed.
+    pub key_summary: Vec<u8>,
 }
 
 /// Reads one counter of [`TaskMetrics`].
@@ -201,23 +205,44 @@ pub fn is_analyze(graph: &JobGraph) -> bool {
         .is_some_and(|stage| stage.plan.downcast_ref::<AnalyzeExec>().is_some())
 }
 
-/// A report for every stage but the final one, in stage order, then one for the whole job.
-pub fn stage_reports(graph: &JobGraph, metrics: &HashMap<TaskId, TaskMetrics>) -> Vec<StageReport> {
+/// A report for every stage but the final one, in stage order, then one for the whole job; each
+/// names the runtime filters its plan got (`filters`; the final stage's in the job's report).
+pub(crate) fn stage_reports(
+    graph: &JobGraph,
+    metrics: &HashMap<TaskId, TaskMetrics>,
+    filters: &[crate::driver::FilterNote],
+) -> Vec<StageReport> {
     let last = graph.final_stage();
+    let filter_lines = |stage: StageId| -> String {
+        filters
+            .iter()
+            .filter(|note| note.target == stage)
+            .map(|note| format!("runtime filter: {}\n", note.text))
+            .collect()
+    };
     let mut reports: Vec<StageReport> = graph
         .stages()
         .iter()
         .enumerate()
         .filter(|(index, _)| StageId(*index) != last)
-        .map(|(index, stage)| stage_report(StageId(index), stage.partitions(), metrics))
+        .map(|(index, stage)| {
+            let id = StageId(index);
+            let mut report = stage_report(id, stage.partitions(), metrics);
+            let lines = filter_lines(id);
+            if let Some(first_line_end) = report.text.find('\n') {
+                report.text.insert_str(first_line_end + 1, &lines);
+            }
+            report
+        })
         .collect();
     let job: TaskMetrics = metrics.values().sum();
     reports.push(StageReport {
         title: "Job".to_string(),
         text: format!(
-            "{} stages (the final one included), {} tasks\n{}\n",
+            "{} stages (the final one included), {} tasks\n{}{}\n",
             graph.stages().len(),
             metrics.len(),
+            filter_lines(last),
             totals_text(&job)
         ),
     });

@@ -506,6 +506,19 @@ pub fn distributed_graph_options_with(exchange: sluice_planner::OutputMode) -> J
     }
 }
 
+/// `options` with the switches a session's settings turn: runtime filters follow
+/// `datafusion.optimizer.enable_dynamic_filter_pushdown`.
+pub fn with_session_switches(
+    options: JobGraphOptions,
+    settings: &datafusion::common::config::ConfigOptions,
+) -> JobGraphOptions {
+    JobGraphOptions {
+        runtime_filters: options.runtime_filters
+            && settings.optimizer.enable_dynamic_filter_pushdown,
+        ..options
+    }
+}
+
 /// Decodes a stage plan; functions and tables resolve in `ctx`.
 pub fn decode_stage_plan(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
     physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SluiceCodec)

@@ -111,6 +111,9 @@ pub struct TaskDefinition {
     pub memory_limit: Option<u64>,
     /// The job is an `EXPLAIN ANALYZE`: the final report carries the plan rendered with metrics.
     pub report_plan_metrics: bool,
+    /// Output columns whose key summary the succeeded report carries (`TaskMetrics::key_summary`):
+    /// the build keys of a runtime filter whose source is this stage; empty: none.
+    pub summarise_columns: Vec<usize>,
 }
 
 /// What a task attempt's report says.

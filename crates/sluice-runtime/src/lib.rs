@@ -32,6 +32,7 @@ mod memory;
 pub mod object_stores;
 pub mod plan;
 pub mod runner;
+pub mod runtime_filter;
 pub mod scaling;
 pub mod scheduler;
 pub mod simulation;

@@ -705,3 +705,216 @@ async fn each_task_of_a_distributed_scan_reads_one_equal_share_of_its_row_groups
     assert_eq!(scanned, files, "each task scanned exactly one file");
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
+
+/// A fact table of keys 0..100,000 in row groups of 1,000 rows (sorted, so each row group holds a
+/// narrow key range) and a dimension whose 21 `hot` keys fall in row groups 50 to 52.
+async fn runtime_filter_tables(dir: &std::path::Path) {
+    let ctx = datafusion::prelude::SessionContext::new();
+    let copies = [
+        format!(
+            "COPY (SELECT value AS k, value % 7 AS v FROM generate_series(0, 99999)) \
+             TO '{}/fact/part-0.parquet' STORED AS PARQUET \
+             OPTIONS ('format.max_row_group_size' '1000')",
+            dir.display()
+        ),
+        format!(
+            "COPY (SELECT value * 100 AS k, CASE WHEN value BETWEEN 500 AND 520 THEN 'hot' \
+             ELSE 'cold' END AS tag FROM generate_series(0, 999)) \
+             TO '{}/dim/part-0.parquet' STORED AS PARQUET",
+            dir.display()
+        ),
+    ];
+    for copy in copies {
+        ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    }
+}
+
+async fn runtime_filter_session(
+    dir: &std::path::Path,
+    mode: ExecutionMode,
+    runner: Arc<dyn JobRunner>,
+) -> SluiceSession {
+    // Partitioned joins: no side is broadcast.
+    let settings = [
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold",
+            "0",
+        ),
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+            "0",
+        ),
+    ];
+    let mut session = SluiceSession::new(&common::config(mode, &settings), runner).unwrap();
+    for table in ["fact", "dim"] {
+        session
+            .register_table(sluice_engine::catalog::TableSource {
+                name: table.to_string(),
+                location: dir.join(table).display().to_string(),
+                format: sluice_engine::catalog::TableFormat::Parquet,
+                extension: ".parquet".to_string(),
+            })
+            .await
+            .unwrap();
+    }
+    session
+}
+
+/// The rows a `SELECT` returns, formatted.
+async fn formatted(session: &SluiceSession, sql: &str) -> Vec<Vec<String>> {
+    let outputs = session.run_sql(sql).await.unwrap();
+    format_rows(&outputs.last().unwrap().batches).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_side_rules_out() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime_filter_tables(dir.path()).await;
+    let sql = "SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.k = d.k WHERE d.tag = 'hot'";
+    let local = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::Local,
+        common::runner(ExecutionMode::Local),
+    )
+    .await;
+    let expected = formatted(&local, sql).await;
+    assert_eq!(expected, [["21", "63"]], "the 21 hot keys and their values");
+
+    // The first attempt of one source task and of one target task fails (set once the graph is
+    // known): the summary comes from the source's retried attempt, and the target's retried
+    // attempt runs the filtered plan too.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let failing = Arc::new([AtomicUsize::new(usize::MAX), AtomicUsize::new(usize::MAX)]);
+    let fail_at = Arc::clone(&failing);
+    let (hook, seen) = counting_hook(move |key| {
+        key.partition == 0
+            && key.attempt == 0
+            && fail_at
+                .iter()
+                .any(|s| s.load(Ordering::SeqCst) == key.stage.0)
+    });
+    let runner = LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        exchange: sluice_planner::OutputMode::Blocking,
+        worker: WorkerOptions {
+            fault: Some(hook),
+            ..WorkerOptions::default()
+        },
+        ..ClusterOptions::default()
+    });
+    let cluster = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalCluster,
+        Arc::new(runner.clone()),
+    )
+    .await;
+    // The join's build side (the dim scan) filters its probe side's producer (the fact scan).
+    let graph = cluster.job_graph(sql).await.unwrap();
+    let [filter] = graph.runtime_filters() else {
+        panic!("one runtime filter: {:?}", graph.runtime_filters());
+    };
+    // A stage's plan and the plans of the stages it reads, rendered.
+    fn scan_text(graph: &sluice_planner::JobGraph, stage: sluice_planner::StageId) -> String {
+        let stage = graph.stage(stage).unwrap();
+        let mut text = datafusion::physical_plan::displayable(stage.plan.as_ref())
+            .indent(false)
+            .to_string();
+        for input in &stage.inputs {
+            text.push_str(&scan_text(graph, input.stage));
+        }
+        text
+    }
+    let scan_text = |stage| scan_text(&graph, stage);
+    assert!(
+        scan_text(filter.source).contains("dim/part-0.parquet"),
+        "{}",
+        scan_text(filter.source)
+    );
+    assert!(
+        scan_text(filter.target).contains("fact/part-0.parquet"),
+        "{}",
+        scan_text(filter.target)
+    );
+    assert!(filter.target_path.is_empty(), "{filter:?}");
+
+    failing[0].store(filter.source.0, Ordering::SeqCst);
+    failing[1].store(filter.target.0, Ordering::SeqCst);
+    assert_eq!(formatted(&cluster, sql).await, expected);
+    let retried = seen.lock().unwrap().clone();
+    for stage in [filter.source.0, filter.target.0] {
+        assert_eq!(retried.get(&(stage, 0, 1)), Some(&1), "{retried:?}");
+    }
+    failing[0].store(usize::MAX, Ordering::SeqCst);
+    failing[1].store(usize::MAX, Ordering::SeqCst);
+    let job = newest_job(&runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    // Without the filter the fact scan reads all 100,000 rows; with it, the three row groups
+    // that hold hot keys (the succeeded attempts' count; the failed one read nothing).
+    let scanned = summaries[filter.target.0].totals.scanned_rows;
+    assert_eq!(scanned, 3000, "fact rows scanned");
+
+    // EXPLAIN ANALYZE names the filter the scan stage got, and the scan's pruning.
+    let outputs = cluster
+        .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
+        .await
+        .unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
+        .unwrap()
+        .to_string();
+    let hot: Vec<String> = (500..=520).map(|k| (k * 100).to_string()).collect();
+    let note = format!(
+        "runtime filter: k@0 >= 50000 AND k@0 <= 52000 AND k@0 IN (SET) ([{}]) (from stage {}, \
+         for HashJoinExec Inner on (k@0 = k@0) in stage",
+        hot.join(", "),
+        filter.source
+    );
+    assert!(text.contains(&note), "{note}\n{text}");
+    // The fact scan's 100 row groups, 97 of them skipped by their statistics.
+    assert!(
+        text.contains("row_groups_pruned_statistics=100 total → 3 matched"),
+        "{text}"
+    );
+
+    // Turning dynamic filters off turns runtime filters off: the scan reads every row.
+    let unfiltered = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalCluster,
+        Arc::new(runner.clone()),
+    )
+    .await;
+    unfiltered
+        .run_sql("SET datafusion.optimizer.enable_dynamic_filter_pushdown = false")
+        .await
+        .unwrap();
+    assert!(
+        unfiltered
+            .job_graph(sql)
+            .await
+            .unwrap()
+            .runtime_filters()
+            .is_empty()
+    );
+    assert_eq!(formatted(&unfiltered, sql).await, expected);
+    let job = newest_job(&runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    let scanned: u64 = summaries.iter().map(|s| s.totals.scanned_rows).sum();
+    assert_eq!(scanned, 100_000 + 1000, "every fact and dim row");
+
+    // Pipelined exchanges have none (a probe scan would not wait for its build side).
+    let pipelined = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalGraph,
+        common::runner(ExecutionMode::LocalGraph),
+    )
+    .await;
+    assert!(
+        pipelined
+            .job_graph(sql)
+            .await
+            .unwrap()
+            .runtime_filters()
+            .is_empty()
+    );
+    assert_eq!(formatted(&pipelined, sql).await, expected);
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}

@@ -26,6 +26,7 @@ mod builder;
 pub mod input_keys;
 pub mod partition_reads;
 pub mod rewrites;
+pub mod runtime_filters;
 mod wire_fidelity;
 
 use std::fmt;
@@ -39,6 +40,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use crate::distribution::DistributionRules;
 pub use crate::ids::StageId;
 use crate::topology::JobTopology;
+pub use runtime_filters::RuntimeFilter;
 
 /// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
 /// stages run as separate tasks, each with its own plan instance:
@@ -244,6 +246,10 @@ pub struct JobGraphOptions {
     /// Whether a worker stage's plan survives the wire exactly; without one, only the planner's own
     /// knowledge of datafusion-proto's gaps applies (see `wire_fidelity`).
     pub wire_check: Option<WireCheck>,
+    /// Filter a join's probe side by what its build side's producer stage held, once it finished
+    /// (see [`runtime_filters`]): on unless the session turned dynamic filters off
+    /// (`datafusion.optimizer.enable_dynamic_filter_pushdown`). Only blocking exchanges have any.
+    pub runtime_filters: bool,
 }
 
 impl fmt::Debug for JobGraphOptions {
@@ -252,6 +258,7 @@ impl fmt::Debug for JobGraphOptions {
             .field("exchange_mode", &self.exchange_mode)
             .field("apply_rewrites", &self.apply_rewrites)
             .field("wire_check", &self.wire_check.is_some())
+            .field("runtime_filters", &self.runtime_filters)
             .finish_non_exhaustive()
     }
 }
@@ -263,6 +270,7 @@ impl Default for JobGraphOptions {
             exchange_mode: OutputMode::Pipelined,
             apply_rewrites: true,
             wire_check: None,
+            runtime_filters: true,
         }
     }
 }
@@ -273,6 +281,7 @@ pub struct JobGraph {
     stages: Vec<Stage>,
     schema: SchemaRef,
     topology: JobTopology,
+    runtime_filters: Vec<RuntimeFilter>,
 }
 
 impl JobGraph {
@@ -291,11 +300,24 @@ impl JobGraph {
             plan
         };
         let stages = builder::build_stages(plan, options)?;
-        Self::from_stages(stages, schema)
+        let filters = if options.runtime_filters {
+            runtime_filters::find(&stages)
+        } else {
+            Vec::new()
+        };
+        Self::from_parts(stages, schema, filters)
     }
 
     /// Assembles a graph from stages already in topological order (for tests and tools).
     pub fn from_stages(stages: Vec<Stage>, schema: SchemaRef) -> Result<Self> {
+        Self::from_parts(stages, schema, Vec::new())
+    }
+
+    fn from_parts(
+        stages: Vec<Stage>,
+        schema: SchemaRef,
+        runtime_filters: Vec<RuntimeFilter>,
+    ) -> Result<Self> {
         for (index, stage) in stages.iter().enumerate() {
             if let Some(bad) = stage.inputs.iter().find(|i| i.stage.0 >= index) {
                 return datafusion::common::plan_err!(
@@ -319,11 +341,17 @@ impl JobGraph {
         if stages.is_empty() {
             return datafusion::common::plan_err!("a job graph needs at least one stage");
         }
-        let topology = JobTopology::build(&stages)?;
+        let waits: Vec<(StageId, StageId)> = runtime_filters
+            .iter()
+            .filter(|f| f.target_path.is_empty())
+            .map(|f| (f.source, f.target))
+            .collect();
+        let topology = JobTopology::build(&stages, &waits)?;
         Ok(Self {
             stages,
             schema,
             topology,
+            runtime_filters,
         })
     }
 
@@ -345,6 +373,11 @@ impl JobGraph {
     /// The job's output schema.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// The runtime filters: which stage's output filters which stage's plan once it finished.
+    pub fn runtime_filters(&self) -> &[RuntimeFilter] {
+        &self.runtime_filters
     }
 
     /// The task regions, computed once when the graph was built.

@@ -91,5 +91,12 @@ pub(super) fn task_definition(
         config: entry.config.clone(),
         memory_limit: entry.memory_limit,
         report_plan_metrics: entry.analyze,
+        summarise_columns: entry
+            .graph
+            .runtime_filters()
+            .iter()
+            .find(|f| f.source == stage_id)
+            .map(|f| f.source_columns.clone())
+            .unwrap_or_default(),
     })
 }

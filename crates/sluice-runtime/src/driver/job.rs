@@ -66,6 +66,10 @@ pub(super) struct JobEntry {
     pub record: super::JobRecord,
     /// Its task attempts, for the same readers.
     pub attempts: super::attempts::AttemptLog,
+    /// Stages whose runtime filters were applied (or given up): never again for this job.
+    pub filtered_stages: std::collections::BTreeSet<StageId>,
+    /// What became of them, for `EXPLAIN ANALYZE`.
+    pub filter_notes: Vec<super::runtime_filters::FilterNote>,
 }
 
 impl JobEntry {
@@ -100,6 +104,8 @@ impl JobEntry {
             phase: JobPhase::Running,
             label,
             attempts: super::attempts::AttemptLog::new(job, record.label.as_deref()),
+            filtered_stages: std::collections::BTreeSet::new(),
+            filter_notes: Vec::new(),
             record,
         }
     }

@@ -35,6 +35,7 @@ mod progress;
 mod reconcile;
 mod registry;
 mod resume;
+mod runtime_filters;
 mod shipping;
 mod spans;
 pub mod telemetry;
@@ -61,6 +62,7 @@ pub use history::{HISTORY_LIMIT, JobRecord, JobState};
 pub use label::JobLabel;
 pub use progress::{JobProgress, StageProgress, progress_line};
 pub use reconcile::WorkerBeat;
+pub(crate) use runtime_filters::FilterNote;
 
 use output::OutputCommand;
 use placement::Location;

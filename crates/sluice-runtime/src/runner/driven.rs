@@ -111,7 +111,11 @@ impl<B: DriverBackend> JobRunner for DriverRunner<B> {
         task_ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let (plan, staging) = stage_file_writes(plan)?;
-        let graph = JobGraph::try_new_with(plan, &self.graph_options())?;
+        let options = crate::codec::with_session_switches(
+            self.graph_options(),
+            task_ctx.session_config().options(),
+        );
+        let graph = JobGraph::try_new_with(plan, &options)?;
         let schema = graph.schema().clone();
         let runner = self.clone();
         let runtime = task_ctx.runtime_env();

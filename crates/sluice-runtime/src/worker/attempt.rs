@@ -39,6 +39,7 @@ use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
 use crate::error::{ErrorKind, RemoteError, sluice_error};
 use crate::memory::task_pool;
+use crate::plan::key_summary::{KeySummaryExec, take_summary};
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
@@ -168,6 +169,14 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
     let streams = Arc::new(AttemptStreams::try_new(shared, &definition, &plan)?);
     let inputs = streams.inputs().to_vec();
     let task_streams: Arc<dyn TaskStreams> = Arc::clone(&streams) as Arc<dyn TaskStreams>;
+    // A runtime filter's source task summarises its build keys under its writer.
+    let (plan, summary) = if definition.summarise_columns.is_empty() {
+        (plan, None)
+    } else {
+        let exec = KeySummaryExec::new(plan, definition.summarise_columns.clone());
+        let slot = exec.slot();
+        (Arc::new(exec) as Arc<dyn ExecutionPlan>, Some(slot))
+    };
     let task_plan = assemble_task(
         key.stage,
         plan,
@@ -186,6 +195,9 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
     metrics.spilled_bytes += spilled_bytes;
     streams.read().add_to(&mut metrics);
     metrics.peak_memory_bytes = memory.peak() as u64;
+    if let Some(slot) = &summary {
+        metrics.key_summary = take_summary(slot);
+    }
     Ok(metrics)
 }
 

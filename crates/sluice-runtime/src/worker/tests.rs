@@ -71,6 +71,7 @@ fn one_batch_task(key: AttemptKey) -> TaskDefinition {
         config: Arc::new(HashMap::new()),
         memory_limit: None,
         report_plan_metrics: false,
+        summarise_columns: Vec::new(),
     }
 }
 

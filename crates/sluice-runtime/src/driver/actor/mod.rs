@@ -421,7 +421,11 @@ impl DriverActor {
                             cleanup_pending: false,
                         };
                         let reports = if entry.analyze {
-                            stage_reports(&entry.graph, &entry.succeeded_metrics())
+                            stage_reports(
+                                &entry.graph,
+                                &entry.succeeded_metrics(),
+                                &entry.filter_notes,
+                            )
                         } else {
                             Vec::new()
                         };

@@ -139,6 +139,17 @@ impl DriverActor {
             return;
         }
         entry.attempts.stage_done(stage_id);
+        for note in crate::driver::runtime_filters::apply_ready(entry, stage_id) {
+            tracing::info!(
+                target: "sluice::runtime_filter",
+                job = job.0,
+                stage = note.target.0,
+                "runtime filter of stage {}: {}",
+                note.target,
+                note.text
+            );
+            entry.filter_notes.push(note);
+        }
         let Some(stage) = entry.graph.stage(stage_id) else {
             return;
         };

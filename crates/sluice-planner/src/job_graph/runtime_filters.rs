@@ -1,0 +1,299 @@
+//! Runtime filters across stages: a join's build side, once its producer stage finished, filters the
+//! join's probe side before it is read, in another stage or in the join's own.
+//!
+//! ```text
+//!   stage B (Blocking) ──Shuffle──┐            B's tasks summarise the build keys of their output
+//!                                 ▼            (bounds and, when few, the distinct keys)
+//!   stage S: HashJoinExec(on b = p)            when B finished, the driver merges the summaries
+//!                                 ▲            and puts FilterExec(p within them) on top of P's
+//!   stage P (Blocking) ──Shuffle──┘            plan, pushed down into its scan, before P starts
+//! ```
+//!
+//! A probe side that is not another stage's output (a broadcast join probing a scan of its own
+//! stage) gets the filter above the join's probe child in the join's stage, which starts after B
+//! anyway.
+//!
+//! Invariants of a [`RuntimeFilter`]:
+//! - it only drops probe rows that cannot match: the join's type drops unmatched probe rows (inner,
+//!   left outer, semi and anti joins on the build side, right semi; not a `NOT IN` anti join, whose
+//!   one `NULL` probe key empties its output, nor a mark join), keys are plain columns of equal,
+//!   totally ordered types compared with `NULL` never equal to `NULL`;
+//! - its source stage is `Blocking` and a whole build side: the filter is built from every row;
+//! - a target that is another stage comes after the source in stage order and is `Blocking` too,
+//!   so the topology can make the target's region wait for the source (each is the last stage of
+//!   its component); otherwise the filter goes into the join's own stage.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{JoinType, NullEquality, Result, internal_err};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
+use datafusion::physical_plan::sorts::sort::SortExec;
+
+use super::{OutputMode, Stage};
+use crate::ids::StageId;
+use crate::plan::RECOMPUTE;
+use crate::plan::stage_input::StageInputExec;
+
+/// One runtime filter of a job graph; see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeFilter {
+    /// The build side's producer: its tasks summarise `source_columns` of their output.
+    pub source: StageId,
+    /// The build keys, as columns of the source stage's output.
+    pub source_columns: Vec<usize>,
+    /// The stage whose plan gets the filter.
+    pub target: StageId,
+    /// Child indices from the target plan's root to the node the filter goes on top of (empty: the
+    /// root).
+    pub target_path: Vec<usize>,
+    /// The probe keys, as columns of that node's output, pairwise with `source_columns`.
+    pub target_columns: Vec<usize>,
+    /// The join, for EXPLAIN: `HashJoinExec Inner on (a = b)` and the stage holding it.
+    pub join: String,
+}
+
+/// Whether unmatched probe (right) rows leave no trace in the join's output.
+fn drops_unmatched_probe_rows(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner
+            | JoinType::Left
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::RightSemi
+    )
+}
+
+/// Key types whose order a bounds filter may rely on (no floats: `NaN` orders apart from how
+/// joins compare it; no dictionaries or nested types).
+fn orderable(data_type: &DataType) -> bool {
+    data_type.is_integer()
+        || matches!(
+            data_type,
+            DataType::Date32
+                | DataType::Date64
+                | DataType::Timestamp(_, _)
+                | DataType::Decimal128(_, _)
+                | DataType::Decimal256(_, _)
+                | DataType::Utf8
+                | DataType::LargeUtf8
+                | DataType::Utf8View
+        )
+}
+
+/// The input index of the `StageInputExec` below `plan`, through nodes that keep every row and
+/// column as they are (unlimited sorts).
+fn stage_input_below(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    if let Some(input) = plan.downcast_ref::<StageInputExec<usize>>() {
+        return Some(*input.input());
+    }
+    if let Some(sort) = plan.downcast_ref::<SortExec>()
+        && sort.fetch().is_none()
+    {
+        return stage_input_below(sort.input());
+    }
+    None
+}
+
+/// The join's parts a filter needs: type, null equality, key columns (build, probe), children.
+struct JoinParts<'a> {
+    name: &'static str,
+    join_type: JoinType,
+    null_equality: NullEquality,
+    /// A `NOT IN` anti join: one `NULL` probe key empties its output, so no probe row may go.
+    null_aware: bool,
+    on: Vec<(Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>)>,
+    left: &'a Arc<dyn ExecutionPlan>,
+    right: &'a Arc<dyn ExecutionPlan>,
+}
+
+fn join_parts(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts<'_>> {
+    if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        return Some(JoinParts {
+            name: "HashJoinExec",
+            join_type: *join.join_type(),
+            null_equality: join.null_equality(),
+            null_aware: join.null_aware,
+            on: join.on().to_vec(),
+            left: join.left(),
+            right: join.right(),
+        });
+    }
+    if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
+        return Some(JoinParts {
+            name: "SortMergeJoinExec",
+            join_type: join.join_type(),
+            null_equality: join.null_equality(),
+            null_aware: false,
+            on: join.on().to_vec(),
+            left: join.left(),
+            right: join.right(),
+        });
+    }
+    None
+}
+
+/// The key columns of `on` (build, probe), if every key is a plain column of one orderable type
+/// on both sides.
+fn key_columns(parts: &JoinParts<'_>) -> Option<(Vec<usize>, Vec<usize>, Vec<String>)> {
+    let left_schema = parts.left.schema();
+    let right_schema = parts.right.schema();
+    let mut build = Vec::new();
+    let mut probe = Vec::new();
+    let mut names = Vec::new();
+    for (l, r) in &parts.on {
+        let l = l.downcast_ref::<Column>()?;
+        let r = r.downcast_ref::<Column>()?;
+        let lt = left_schema.fields().get(l.index())?.data_type();
+        let rt = right_schema.fields().get(r.index())?.data_type();
+        if lt != rt || !orderable(lt) {
+            return None;
+        }
+        build.push(l.index());
+        probe.push(r.index());
+        names.push(format!("{l} = {r}"));
+    }
+    (!build.is_empty()).then_some((build, probe, names))
+}
+
+/// Every runtime filter of `stages` (a job graph's, in topological order).
+pub(crate) fn find(stages: &[Stage]) -> Vec<RuntimeFilter> {
+    let mut filters = Vec::new();
+    for (s, stage) in stages.iter().enumerate() {
+        let mut path = Vec::new();
+        visit(stages, StageId(s), &stage.plan, &mut path, &mut filters);
+    }
+    filters
+}
+
+fn visit(
+    stages: &[Stage],
+    stage: StageId,
+    plan: &Arc<dyn ExecutionPlan>,
+    path: &mut Vec<usize>,
+    filters: &mut Vec<RuntimeFilter>,
+) {
+    if let Some(filter) = join_filter(stages, stage, plan, path) {
+        filters.push(filter);
+    }
+    for (i, child) in plan.children().into_iter().enumerate() {
+        path.push(i);
+        visit(stages, stage, child, path, filters);
+        path.pop();
+    }
+}
+
+/// The filter of the join at `path` in `stage`'s plan, if it has one.
+fn join_filter(
+    stages: &[Stage],
+    stage: StageId,
+    plan: &Arc<dyn ExecutionPlan>,
+    path: &[usize],
+) -> Option<RuntimeFilter> {
+    let parts = join_parts(plan)?;
+    if !drops_unmatched_probe_rows(parts.join_type)
+        || parts.null_equality != NullEquality::NullEqualsNothing
+        || parts.null_aware
+    {
+        return None;
+    }
+    let (source_columns, target_columns, names) = key_columns(&parts)?;
+    let inputs = &stages.get(stage.0)?.inputs;
+    let source = inputs.get(stage_input_below(parts.left)?)?.stage;
+    if stages.get(source.0)?.mode != OutputMode::Blocking {
+        return None;
+    }
+    let join = format!(
+        "{} {:?} on ({}) in stage {stage}",
+        parts.name,
+        parts.join_type,
+        names.join(", ")
+    );
+    // The probe side's producer, when it may wait for the source; else the join's own stage.
+    let producer = stage_input_below(parts.right)
+        .and_then(|i| inputs.get(i))
+        .map(|input| input.stage)
+        .filter(|p| p.0 > source.0 && stages[p.0].mode == OutputMode::Blocking);
+    let (target, target_path) = match producer {
+        Some(producer) => (producer, Vec::new()),
+        None => {
+            let mut target_path = path.to_vec();
+            target_path.push(1);
+            (stage, target_path)
+        }
+    };
+    Some(RuntimeFilter {
+        source,
+        source_columns,
+        target,
+        target_path,
+        target_columns,
+        join,
+    })
+}
+
+/// `plan` with a `FilterExec` of `predicate` on top of the node at `path` (child indices from the
+/// root).
+pub fn insert_filter(
+    plan: Arc<dyn ExecutionPlan>,
+    path: &[usize],
+    predicate: Arc<dyn PhysicalExpr>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some((first, rest)) = path.split_first() else {
+        return Ok(Arc::new(FilterExec::try_new(predicate, plan)?));
+    };
+    let mut children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+    let Some(child) = children.get(*first).cloned() else {
+        return internal_err!(
+            "a runtime filter's path leads to child {first} of {}, which has {}",
+            plan.name(),
+            children.len()
+        );
+    };
+    children[*first] = insert_filter(child, rest, predicate)?;
+    plan.replace_children(children, RECOMPUTE)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::physical_expr::expressions::lit;
+    use datafusion::physical_plan::displayable;
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::union::UnionExec;
+
+    #[test]
+    fn a_filter_goes_on_top_of_the_node_its_path_names() {
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        let leaf = || Arc::new(EmptyExec::new(Arc::clone(&schema))) as Arc<dyn ExecutionPlan>;
+        let union = UnionExec::try_new(vec![leaf(), leaf()]).unwrap();
+        let filtered = insert_filter(union, &[1], lit(true)).unwrap();
+        let text = displayable(filtered.as_ref()).indent(false).to_string();
+        assert_eq!(
+            text,
+            "UnionExec\n  EmptyExec\n  FilterExec: true\n    EmptyExec\n"
+        );
+        let top = insert_filter(filtered, &[], lit(false)).unwrap();
+        assert!(
+            displayable(top.as_ref())
+                .indent(false)
+                .to_string()
+                .starts_with("FilterExec: false\n  UnionExec\n"),
+        );
+        let error = insert_filter(top, &[0, 5], lit(true)).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("leads to child 5 of UnionExec, which has 2"),
+            "{error}"
+        );
+    }
+}

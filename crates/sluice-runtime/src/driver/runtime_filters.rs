@@ -1,0 +1,188 @@
+//! The driver's side of runtime filters (`sluice_planner::job_graph::runtime_filters`): when a
+//! filter's source stage finished, the key summaries its tasks reported become a predicate that is
+//! put into the target stage's plan, pushed down towards its scans, and shipped to the target's
+//! tasks in place of the plan accepted with the job. Pure code over the job's entry.
+//!
+//! ```text
+//!   source stage complete ─► every filter of a target whose sources are all complete:
+//!       KeySummary::merge(the succeeded attempts' summaries) ─► predicate over the probe keys
+//!       ─► insert_filter(target plan, path) ─► FilterPushdown ─► entry.plans[target] (encoded once)
+//! ```
+//!
+//! Invariants: a target's plan is filtered at most once per job (a source run again after a lost
+//! worker changes nothing: a retried target task runs the plan its job chose); a target starts only
+//! after its sources finished (the topology makes it wait), so every one of its tasks runs the
+//! filtered plan; anything missing (a source task without a summary) or failing leaves the plan
+//! as it was, which is always a correct answer, and says why.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
+use datafusion::physical_plan::ExecutionPlan;
+use sluice_planner::job_graph::runtime_filters::insert_filter;
+use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
+
+use super::job::JobEntry;
+use crate::codec::encode_stage_plan;
+use crate::definition::StagePlan;
+use crate::runtime_filter::KeySummary;
+
+/// The longest predicate text a note shows.
+const NOTE_PREDICATE_CHARS: usize = 240;
+
+/// What became of one target's filters, for the log and `EXPLAIN ANALYZE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FilterNote {
+    /// The filtered stage.
+    pub target: StageId,
+    /// One line: the predicate and where it came from, or why there is none.
+    pub text: String,
+}
+
+/// Filters every target waiting only for `finished` (now complete); see the module docs.
+pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<FilterNote> {
+    let graph = Arc::clone(&entry.graph);
+    let targets: BTreeSet<StageId> = graph
+        .runtime_filters()
+        .iter()
+        .filter(|f| f.source == finished)
+        .map(|f| f.target)
+        .collect();
+    let mut notes = Vec::new();
+    for target in targets {
+        if entry.filtered_stages.contains(&target) {
+            continue;
+        }
+        let filters: Vec<&RuntimeFilter> = graph
+            .runtime_filters()
+            .iter()
+            .filter(|f| f.target == target)
+            .collect();
+        if !filters.iter().all(|f| entry.stage_complete(f.source)) {
+            continue;
+        }
+        entry.filtered_stages.insert(target);
+        match filter_stage(entry, target, &filters, &mut notes) {
+            Ok(Some(plan)) => {
+                if let Some(slot) = entry.plans.get_mut(target.0) {
+                    *slot = plan;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => notes.push(FilterNote {
+                target,
+                text: format!("none: the filter could not be applied ({e})"),
+            }),
+        }
+    }
+    notes
+}
+
+/// The plan `target`'s tasks run with `filters` applied (`None`: none could be built).
+fn filter_stage(
+    entry: &JobEntry,
+    target: StageId,
+    filters: &[&RuntimeFilter],
+    notes: &mut Vec<FilterNote>,
+) -> Result<Option<StagePlan>> {
+    let stage = entry
+        .graph
+        .stage(target)
+        .ok_or_else(|| DataFusionError::Internal(format!("no stage {target}")))?;
+    let mut built = Vec::new();
+    for filter in filters {
+        let Some(summary) = merged_summary(entry, filter.source)? else {
+            notes.push(FilterNote {
+                target,
+                text: format!(
+                    "none from stage {} (a task of it reported no key summary), for {}",
+                    filter.source, filter.join
+                ),
+            });
+            continue;
+        };
+        let node = node_at(&stage.plan, &filter.target_path)?;
+        let predicate = summary.predicate(&node.schema(), &filter.target_columns)?;
+        notes.push(FilterNote {
+            target,
+            text: format!(
+                "{} (from stage {}, for {})",
+                shortened(&predicate.to_string()),
+                filter.source,
+                filter.join
+            ),
+        });
+        built.push((filter.target_path.clone(), predicate));
+    }
+    if built.is_empty() {
+        return Ok(None);
+    }
+    // Deepest first: a filter put on top of a node does not move the nodes below it.
+    built.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+    let mut plan = Arc::clone(&stage.plan);
+    for (path, predicate) in built {
+        plan = insert_filter(plan, &path, predicate)?;
+    }
+    let config = crate::definition::session_config_of(&entry.config)?;
+    let plan = FilterPushdown::new().optimize(plan, config.options())?;
+    Ok(Some(match entry.plans.get(target.0) {
+        Some(StagePlan::InMemory { context, .. }) => StagePlan::InMemory {
+            plan,
+            context: Arc::clone(context),
+        },
+        _ => StagePlan::Encoded(encode_stage_plan(plan)?),
+    }))
+}
+
+/// The node at `path` (child indices) below `plan`.
+fn node_at(plan: &Arc<dyn ExecutionPlan>, path: &[usize]) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut node = Arc::clone(plan);
+    for i in path {
+        let child = node.children().get(*i).map(|c| Arc::clone(c));
+        node = child.ok_or_else(|| {
+            DataFusionError::Internal(format!("a runtime filter's path has no child {i}"))
+        })?;
+    }
+    Ok(node)
+}
+
+/// The summary of every task of `source` (their succeeded attempts'), `None` if one has none.
+fn merged_summary(entry: &JobEntry, source: StageId) -> Result<Option<KeySummary>> {
+    let partitions = entry.graph.stage(source).map_or(0, |s| s.partitions());
+    let mut summaries = Vec::with_capacity(partitions);
+    for partition in 0..partitions {
+        let task = TaskId {
+            stage: source,
+            partition,
+        };
+        let bytes = entry
+            .succeeded
+            .get(&task)
+            .and_then(|attempt| {
+                entry.metrics.get(&TaskAttempt {
+                    task,
+                    attempt: *attempt,
+                })
+            })
+            .map(|m| m.key_summary.as_slice())
+            .unwrap_or_default();
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        summaries.push(KeySummary::decode(bytes)?);
+    }
+    if summaries.is_empty() {
+        return Ok(None);
+    }
+    KeySummary::merge(&summaries).map(Some)
+}
+
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(NOTE_PREDICATE_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}

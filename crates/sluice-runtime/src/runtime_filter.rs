@@ -1,0 +1,531 @@
+//! Key summaries and the predicates built from them: what a runtime filter's source tasks saw of
+//! their build keys, merged by the driver into one predicate over the probe keys.
+//!
+//! ```text
+//!   source task 0: KeySummaryBuilder ─► KeySummary {min, max per column; ≤ 256 distinct keys}
+//!   source task 1: KeySummaryBuilder ─► KeySummary      │ encode (Arrow IPC, in TaskMetrics)
+//!                                                       ▼
+//!   driver: KeySummary::merge(all tasks) ─► predicate: p1 >= min1 AND p1 <= max1 [AND p1 IN (..)] …
+//! ```
+//!
+//! Invariants: a summary covers every row of its task's output, or there is none (the builder's
+//! `finish` is called only at the end of the output); a key with a `NULL` column is left out, since
+//! it matches nothing; a predicate keeps every probe row whose key some summarised build row has
+//! (bounds always, an `IN` list only when every task listed all of its distinct keys).
+
+use std::cmp::Ordering;
+use std::collections::HashSet;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
+use datafusion::logical_expr::{Accumulator, Operator};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, in_list, lit};
+
+/// The most distinct keys a summary lists; beyond, it keeps bounds only.
+pub const MAX_LISTED_KEYS: usize = 256;
+
+/// What some rows held in their key columns; see the module docs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySummary {
+    /// Per key column, the smallest and largest non-null value (`None`: no key without a `NULL`).
+    pub bounds: Vec<Option<(ScalarValue, ScalarValue)>>,
+    /// Every distinct key without a `NULL` (one value per column), if there are at most
+    /// [`MAX_LISTED_KEYS`].
+    pub keys: Option<Vec<Vec<ScalarValue>>>,
+}
+
+/// Builds the summary of one task's output, batch by batch.
+pub struct KeySummaryBuilder {
+    columns: Vec<usize>,
+    mins: Vec<MinAccumulator>,
+    maxs: Vec<MaxAccumulator>,
+    converter: RowConverter,
+    /// The distinct keys so far (in the row format); `None` once there were more than
+    /// [`MAX_LISTED_KEYS`].
+    keys: Option<HashSet<Box<[u8]>>>,
+}
+
+impl std::fmt::Debug for KeySummaryBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeySummaryBuilder")
+            .field("columns", &self.columns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeySummaryBuilder {
+    /// A builder of `columns` of rows of `schema`.
+    pub fn try_new(schema: &SchemaRef, columns: &[usize]) -> Result<Self> {
+        let types = columns
+            .iter()
+            .map(|c| {
+                schema
+                    .fields()
+                    .get(*c)
+                    .map(|f| f.data_type().clone())
+                    .ok_or_else(|| {
+                        DataFusionError::Internal(format!(
+                            "a key summary of column {c} of a {}-column output",
+                            schema.fields().len()
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            columns: columns.to_vec(),
+            mins: types
+                .iter()
+                .map(MinAccumulator::try_new)
+                .collect::<Result<_>>()?,
+            maxs: types
+                .iter()
+                .map(MaxAccumulator::try_new)
+                .collect::<Result<_>>()?,
+            converter: RowConverter::new(types.into_iter().map(SortField::new).collect())?,
+            keys: Some(HashSet::new()),
+        })
+    }
+
+    /// Takes in one batch.
+    pub fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+        let arrays: Vec<ArrayRef> = self
+            .columns
+            .iter()
+            .map(|c| Arc::clone(batch.column(*c)))
+            .collect();
+        for ((array, min), max) in arrays.iter().zip(&mut self.mins).zip(&mut self.maxs) {
+            min.update_batch(std::slice::from_ref(array))?;
+            max.update_batch(std::slice::from_ref(array))?;
+        }
+        if let Some(keys) = &mut self.keys {
+            let rows = self.converter.convert_columns(&arrays)?;
+            for (i, row) in rows.iter().enumerate() {
+                if arrays.iter().any(|a| a.is_null(i)) {
+                    continue;
+                }
+                let bytes: &[u8] = row.as_ref();
+                if !keys.contains(bytes) {
+                    if keys.len() == MAX_LISTED_KEYS {
+                        self.keys = None;
+                        break;
+                    }
+                    keys.insert(bytes.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The summary of every batch taken in.
+    pub fn finish(mut self) -> Result<KeySummary> {
+        let mut bounds = Vec::with_capacity(self.columns.len());
+        for (min, max) in self.mins.iter_mut().zip(&mut self.maxs) {
+            let (min, max) = (min.evaluate()?, max.evaluate()?);
+            bounds.push((!min.is_null() && !max.is_null()).then_some((min, max)));
+        }
+        let keys = match self.keys {
+            Some(keys) => {
+                let parser = self.converter.parser();
+                let arrays = self
+                    .converter
+                    .convert_rows(keys.iter().map(|bytes| parser.parse(bytes)))?;
+                Some(
+                    (0..keys.len())
+                        .map(|i| {
+                            arrays
+                                .iter()
+                                .map(|a| ScalarValue::try_from_array(a, i))
+                                .collect::<Result<Vec<_>>>()
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                )
+            }
+            None => None,
+        };
+        Ok(KeySummary { bounds, keys })
+    }
+}
+
+/// Schema metadata key telling whether the encoded rows after the bounds list every key.
+const LISTED: &str = "sluice.keys_listed";
+
+impl KeySummary {
+    /// Arrow IPC: one batch, one column per key column; row 0 the minimums, row 1 the maximums
+    /// (`NULL` where a column has no bounds), then the listed keys.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let columns = self.bounds.len();
+        let mut values: Vec<Vec<ScalarValue>> = vec![Vec::new(); columns];
+        for (c, bounds) in self.bounds.iter().enumerate() {
+            let (min, max) = match bounds {
+                Some((min, max)) => (min.clone(), max.clone()),
+                None => (ScalarValue::Null, ScalarValue::Null),
+            };
+            values[c].extend([min, max]);
+        }
+        for key in self.keys.iter().flatten() {
+            for (c, value) in key.iter().enumerate() {
+                if let Some(column) = values.get_mut(c) {
+                    column.push(value.clone());
+                }
+            }
+        }
+        let arrays = values
+            .into_iter()
+            .enumerate()
+            .map(|(c, column)| {
+                let data_type = column
+                    .iter()
+                    .find(|v| !v.is_null())
+                    .map(ScalarValue::data_type)
+                    .unwrap_or(datafusion::arrow::datatypes::DataType::Null);
+                let column = column
+                    .into_iter()
+                    .map(|v| {
+                        if v.is_null() {
+                            ScalarValue::try_from(&data_type)
+                        } else {
+                            Ok(v)
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((format!("k{c}"), ScalarValue::iter_to_array(column)?))
+            })
+            .collect::<Result<Vec<(String, ArrayRef)>>>()?;
+        let fields: Vec<Field> = arrays
+            .iter()
+            .map(|(name, a)| Field::new(name, a.data_type().clone(), true))
+            .collect();
+        let metadata = [(LISTED.to_string(), self.keys.is_some().to_string())].into();
+        let schema = Arc::new(Schema::new_with_metadata(fields, metadata));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            arrays.into_iter().map(|(_, a)| a).collect(),
+        )?;
+        let mut bytes = Vec::new();
+        let mut writer = StreamWriter::try_new(&mut bytes, &schema)?;
+        writer.write(&batch)?;
+        writer.finish()?;
+        drop(writer);
+        Ok(bytes)
+    }
+
+    /// A summary [`encode`](Self::encode) wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let malformed = |what: &str| {
+            DataFusionError::Internal(format!(
+                "a malformed key summary ({} bytes): {what}",
+                bytes.len()
+            ))
+        };
+        let mut reader = StreamReader::try_new(Cursor::new(bytes), None)?;
+        let listed = reader.schema().metadata().get(LISTED).map(String::as_str) == Some("true");
+        let batch = reader.next().ok_or_else(|| malformed("no batch"))??;
+        if batch.num_rows() < 2 {
+            return Err(malformed("fewer than two rows"));
+        }
+        let value = |c: usize, row: usize| ScalarValue::try_from_array(batch.column(c), row);
+        let bounds = (0..batch.num_columns())
+            .map(|c| {
+                let (min, max) = (value(c, 0)?, value(c, 1)?);
+                Ok((!min.is_null() && !max.is_null()).then_some((min, max)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let keys = if listed {
+            Some(
+                (2..batch.num_rows())
+                    .map(|row| (0..batch.num_columns()).map(|c| value(c, row)).collect())
+                    .collect::<Result<Vec<_>>>()?,
+            )
+        } else {
+            None
+        };
+        Ok(Self { bounds, keys })
+    }
+
+    /// The summary of all the rows `summaries` summarised (at least one).
+    pub fn merge(summaries: &[KeySummary]) -> Result<Self> {
+        let Some(first) = summaries.first() else {
+            return Err(DataFusionError::Internal(
+                "merging no key summaries".to_string(),
+            ));
+        };
+        let columns = first.bounds.len();
+        if summaries.iter().any(|s| s.bounds.len() != columns) {
+            return Err(DataFusionError::Internal(
+                "merging key summaries of different key columns".to_string(),
+            ));
+        }
+        let mut bounds = Vec::with_capacity(columns);
+        for c in 0..columns {
+            let mut merged: Option<(ScalarValue, ScalarValue)> = None;
+            for (min, max) in summaries.iter().filter_map(|s| s.bounds[c].as_ref()) {
+                merged = Some(match merged {
+                    None => (min.clone(), max.clone()),
+                    Some((lo, hi)) => (
+                        if min < &lo { min.clone() } else { lo },
+                        if max > &hi { max.clone() } else { hi },
+                    ),
+                });
+            }
+            bounds.push(merged);
+        }
+        let mut keys: Option<HashSet<Vec<ScalarValue>>> = Some(HashSet::new());
+        for summary in summaries {
+            match (&mut keys, &summary.keys) {
+                (Some(all), Some(listed)) => {
+                    all.extend(listed.iter().cloned());
+                    if all.len() > MAX_LISTED_KEYS {
+                        keys = None;
+                    }
+                }
+                _ => keys = None,
+            }
+        }
+        Ok(Self {
+            bounds,
+            keys: keys.map(|k| {
+                let mut keys: Vec<Vec<ScalarValue>> = k.into_iter().collect();
+                keys.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+                keys
+            }),
+        })
+    }
+
+    /// The predicate keeping the rows of `schema` whose `columns` (pairwise with the summarised
+    /// ones) hold a summarised key: `false` when there was none.
+    pub fn predicate(&self, schema: &Schema, columns: &[usize]) -> Result<Arc<dyn PhysicalExpr>> {
+        if columns.len() != self.bounds.len() {
+            return Err(DataFusionError::Internal(format!(
+                "a key summary of {} columns filters {} columns",
+                self.bounds.len(),
+                columns.len()
+            )));
+        }
+        let mut conjuncts: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+        for (c, (&index, bounds)) in columns.iter().zip(&self.bounds).enumerate() {
+            let Some((min, max)) = bounds else {
+                return Ok(lit(false));
+            };
+            let field = schema.fields().get(index).ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "a runtime filter on column {index} of a {}-column plan",
+                    schema.fields().len()
+                ))
+            })?;
+            if field.data_type() != &min.data_type() {
+                return Err(DataFusionError::Internal(format!(
+                    "a runtime filter compares {} ({}) with keys of type {}",
+                    field.name(),
+                    field.data_type(),
+                    min.data_type()
+                )));
+            }
+            let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(field.name(), index));
+            let compare = |op, value: &ScalarValue| -> Arc<dyn PhysicalExpr> {
+                Arc::new(BinaryExpr::new(Arc::clone(&column), op, lit(value.clone())))
+            };
+            if let Some(keys) = &self.keys {
+                let mut values: Vec<&ScalarValue> = keys.iter().filter_map(|k| k.get(c)).collect();
+                values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+                values.dedup();
+                if values.len() == 1 {
+                    conjuncts.push(compare(Operator::Eq, min));
+                    continue;
+                }
+                conjuncts.push(compare(Operator::GtEq, min));
+                conjuncts.push(compare(Operator::LtEq, max));
+                let list = values.into_iter().map(|v| lit(v.clone())).collect();
+                conjuncts.push(in_list(Arc::clone(&column), list, &false, schema)?);
+            } else {
+                conjuncts.push(compare(Operator::GtEq, min));
+                conjuncts.push(compare(Operator::LtEq, max));
+            }
+        }
+        Ok(conjuncts
+            .into_iter()
+            .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)))
+            .unwrap_or_else(|| lit(true)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::DataType;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+        ]))
+    }
+
+    fn batch(keys: Vec<Option<i64>>, names: Vec<Option<&str>>) -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(StringArray::from(names)),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn summary_of(batches: &[RecordBatch], columns: &[usize]) -> KeySummary {
+        let mut builder = KeySummaryBuilder::try_new(&schema(), columns).unwrap();
+        for b in batches {
+            builder.update(b).unwrap();
+        }
+        builder.finish().unwrap()
+    }
+
+    #[test]
+    fn a_summary_has_bounds_and_distinct_keys_without_nulls_and_survives_encoding() {
+        let summary = summary_of(
+            &[
+                batch(
+                    vec![Some(5), None, Some(3)],
+                    vec![Some("b"), Some("z"), Some("a")],
+                ),
+                batch(vec![Some(5), Some(9)], vec![Some("b"), None]),
+            ],
+            &[0, 1],
+        );
+        assert_eq!(
+            summary.bounds,
+            vec![
+                Some((ScalarValue::Int64(Some(3)), ScalarValue::Int64(Some(9)))),
+                Some((ScalarValue::from("a"), ScalarValue::from("z"))),
+            ]
+        );
+        let mut keys = summary.keys.clone().unwrap();
+        keys.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        // (NULL, "z") and (9, NULL) match nothing; (5, "b") twice is one key.
+        assert_eq!(
+            keys,
+            vec![
+                vec![ScalarValue::Int64(Some(3)), ScalarValue::from("a")],
+                vec![ScalarValue::Int64(Some(5)), ScalarValue::from("b")],
+            ]
+        );
+        let back = KeySummary::decode(&summary.encode().unwrap()).unwrap();
+        assert_eq!(back.bounds, summary.bounds);
+        let mut back_keys = back.keys.unwrap();
+        back_keys.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        assert_eq!(back_keys, keys);
+    }
+
+    #[test]
+    fn more_distinct_keys_than_listed_keep_bounds_only() {
+        let many: Vec<Option<i64>> = (0..=MAX_LISTED_KEYS as i64).map(Some).collect();
+        let names = vec![Some("x"); many.len()];
+        let summary = summary_of(&[batch(many, names)], &[0]);
+        assert_eq!(summary.keys, None);
+        assert_eq!(
+            summary.bounds,
+            vec![Some((
+                ScalarValue::Int64(Some(0)),
+                ScalarValue::Int64(Some(MAX_LISTED_KEYS as i64))
+            ))]
+        );
+        let back = KeySummary::decode(&summary.encode().unwrap()).unwrap();
+        assert_eq!(back, summary);
+    }
+
+    #[test]
+    fn merged_summaries_widen_the_bounds_and_list_keys_only_if_every_task_did() {
+        let a = summary_of(&[batch(vec![Some(4), Some(7)], vec![None, None])], &[0]);
+        let b = summary_of(&[batch(vec![Some(2), Some(4)], vec![None, None])], &[0]);
+        let empty = summary_of(&[batch(vec![None], vec![None])], &[0]);
+        let merged = KeySummary::merge(&[a.clone(), b.clone(), empty.clone()]).unwrap();
+        assert_eq!(
+            merged.bounds,
+            vec![Some((
+                ScalarValue::Int64(Some(2)),
+                ScalarValue::Int64(Some(7))
+            ))]
+        );
+        assert_eq!(
+            merged.keys,
+            Some(vec![
+                vec![ScalarValue::Int64(Some(2))],
+                vec![ScalarValue::Int64(Some(4))],
+                vec![ScalarValue::Int64(Some(7))],
+            ])
+        );
+        let unlisted = KeySummary {
+            keys: None,
+            ..b.clone()
+        };
+        assert_eq!(KeySummary::merge(&[a, unlisted]).unwrap().keys, None);
+        assert_eq!(KeySummary::merge(&[empty]).unwrap().bounds, vec![None]);
+    }
+
+    #[test]
+    fn the_predicate_keeps_exactly_the_summarised_keys() {
+        let summary = summary_of(
+            &[batch(
+                vec![Some(3), Some(9), Some(5)],
+                vec![None, None, None],
+            )],
+            &[0],
+        );
+        let probe = Schema::new(vec![
+            Field::new("x", DataType::Utf8, true),
+            Field::new("p", DataType::Int64, true),
+        ]);
+        let predicate = summary.predicate(&probe, &[1]).unwrap();
+        assert_eq!(
+            predicate.to_string(),
+            "p@1 >= 3 AND p@1 <= 9 AND p@1 IN (SET) ([3, 5, 9])"
+        );
+        let rows = RecordBatch::try_new(
+            Arc::new(probe.clone()),
+            vec![
+                Arc::new(StringArray::from(vec![None::<&str>; 5])),
+                Arc::new(Int64Array::from(vec![
+                    Some(3),
+                    Some(4),
+                    None,
+                    Some(9),
+                    Some(10),
+                ])),
+            ],
+        )
+        .unwrap();
+        let kept = predicate.evaluate(&rows).unwrap().into_array(5).unwrap();
+        let kept = datafusion::arrow::array::as_boolean_array(&kept);
+        let kept: Vec<bool> = (0..5).map(|i| kept.is_valid(i) && kept.value(i)).collect();
+        assert_eq!(kept, [true, false, false, true, false]);
+
+        let bounds_only = KeySummary {
+            keys: None,
+            ..summary.clone()
+        };
+        assert_eq!(
+            bounds_only.predicate(&probe, &[1]).unwrap().to_string(),
+            "p@1 >= 3 AND p@1 <= 9"
+        );
+        let nothing = summary_of(&[batch(vec![None], vec![None])], &[0]);
+        assert_eq!(
+            nothing.predicate(&probe, &[1]).unwrap().to_string(),
+            "false"
+        );
+        let error = summary.predicate(&probe, &[0]).unwrap_err().to_string();
+        assert!(
+            error.contains("compares x (Utf8) with keys of type Int64"),
+            "{error}"
+        );
+    }
+}
