@@ -167,9 +167,12 @@ impl JobTopology {
                 let waited = waits
                     .iter()
                     .filter(|(_, target)| *target == t.stage)
-                    .map(|(source, _)| (*source, InputMode::Broadcast));
-                let read = stages[t.stage.0].inputs.iter().map(|i| (i.stage, i.mode));
-                for (input_stage, input_mode) in read.chain(waited) {
+                    .map(|(source, _)| (*source, InputMode::Broadcast, true));
+                let read = stages[t.stage.0]
+                    .inputs
+                    .iter()
+                    .map(|i| (i.stage, i.mode, false));
+                for (input_stage, input_mode, wait) in read.chain(waited) {
                     let dependency = match input_mode {
                         InputMode::Forward => {
                             let id = TaskId {
@@ -197,6 +200,13 @@ impl JobTopology {
                         }
                         _ => {
                             let component = component_of_stage[input_stage.0];
+                            if component == own && wait {
+                                return internal_err!(
+                                    "stage {} cannot wait for stage {input_stage}, which runs \
+                                     with it",
+                                    t.stage
+                                );
+                            }
                             if component == own {
                                 continue;
                             }

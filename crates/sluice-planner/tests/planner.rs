@@ -610,6 +610,14 @@ async fn a_partitioned_join_filters_its_probe_producer_which_waits_for_the_build
     let off =
         blocking_join_graph("select big.b from small join big on small.a = big.a", false).await;
     assert!(off.runtime_filters().is_empty());
+    let probe_region = off
+        .topology()
+        .region_of(sluice_planner::TaskId {
+            stage: filter.target,
+            partition: 0,
+        })
+        .unwrap();
+    assert_eq!(off.topology().dependency_regions(probe_region), []);
 }
 
 #[tokio::test]

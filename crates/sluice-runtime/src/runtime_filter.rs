@@ -32,6 +32,9 @@ use datafusion::physical_expr::expressions::{BinaryExpr, Column, in_list, lit};
 /// The most distinct keys a summary lists; beyond, it keeps bounds only.
 pub const MAX_LISTED_KEYS: usize = 256;
 
+/// The most bytes an encoded summary takes in a task's report (see `KeySummary::encode_within`).
+pub const MAX_SUMMARY_BYTES: usize = 64 * 1024;
+
 /// What some rows held in their key columns; see the module docs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeySummary {
@@ -250,6 +253,51 @@ impl KeySummary {
         Ok(Self { bounds, keys })
     }
 
+    /// [`encode`](Self::encode)d within `max_bytes`: without the listed keys if they do not fit,
+    /// `None` if even the bounds do not (long strings), which leaves the filter out.
+    pub fn encode_within(&self, max_bytes: usize) -> Result<Option<Vec<u8>>> {
+        let bytes = self.encode()?;
+        if bytes.len() <= max_bytes {
+            return Ok(Some(bytes));
+        }
+        if self.keys.is_none() {
+            return Ok(None);
+        }
+        let bounds_only = Self {
+            keys: None,
+            ..self.clone()
+        };
+        let bytes = bounds_only.encode()?;
+        Ok((bytes.len() <= max_bytes).then_some(bytes))
+    }
+
+    /// Whether every key this summary saw passes the predicate `applied` made: within its bounds
+    /// and, if it listed keys, each column's value among its listed values.
+    pub fn covered_by(&self, applied: &KeySummary) -> bool {
+        if self.bounds.len() != applied.bounds.len() {
+            return false;
+        }
+        let within = self
+            .bounds
+            .iter()
+            .zip(&applied.bounds)
+            .all(|(own, applied)| match (own, applied) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some((min, max)), Some((lo, hi))) => min >= lo && max <= hi,
+            });
+        let listed = match (&self.keys, &applied.keys) {
+            (_, None) => true,
+            (None, Some(_)) => false,
+            (Some(own), Some(applied)) => own.iter().all(|key| {
+                key.iter()
+                    .enumerate()
+                    .all(|(c, value)| applied.iter().any(|k| k.get(c) == Some(value)))
+            }),
+        };
+        within && listed
+    }
+
     /// The summary of all the rows `summaries` summarised (at least one).
     pub fn merge(summaries: &[KeySummary]) -> Result<Self> {
         let Some(first) = summaries.first() else {
@@ -336,8 +384,10 @@ impl KeySummary {
                 let mut values: Vec<&ScalarValue> = keys.iter().filter_map(|k| k.get(c)).collect();
                 values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
                 values.dedup();
-                if values.len() == 1 {
-                    conjuncts.push(compare(Operator::Eq, min));
+                if let [only] = values.as_slice() {
+                    // The listed value, not the minimum: the bounds also count build rows whose
+                    // key has a `NULL` in another column, which the list leaves out.
+                    conjuncts.push(compare(Operator::Eq, only));
                     continue;
                 }
                 conjuncts.push(compare(Operator::GtEq, min));
@@ -470,6 +520,59 @@ mod tests {
         };
         assert_eq!(KeySummary::merge(&[a, unlisted]).unwrap().keys, None);
         assert_eq!(KeySummary::merge(&[empty]).unwrap().bounds, vec![None]);
+    }
+
+    #[test]
+    fn a_column_with_one_listed_value_is_compared_with_that_value_not_its_minimum() {
+        // (1, NULL) matches nothing, so only (5, "x") is listed, but column k's bounds are 1..5.
+        let summary = summary_of(
+            &[batch(vec![Some(1), Some(5)], vec![None, Some("x")])],
+            &[0, 1],
+        );
+        let predicate = summary.predicate(&schema(), &[0, 1]).unwrap();
+        assert_eq!(predicate.to_string(), "k@0 = 5 AND s@1 = x");
+        let probe = batch(vec![Some(5), Some(1)], vec![Some("x"), Some("x")]);
+        let kept = predicate.evaluate(&probe).unwrap().into_array(2).unwrap();
+        let kept = datafusion::arrow::array::as_boolean_array(&kept);
+        assert_eq!((kept.value(0), kept.value(1)), (true, false));
+    }
+
+    #[test]
+    fn a_rerun_is_covered_only_by_a_filter_that_keeps_all_of_its_keys() {
+        let applied = summary_of(&[batch(vec![Some(2), Some(4)], vec![None, None])], &[0]);
+        let same = summary_of(&[batch(vec![Some(4)], vec![None])], &[0]);
+        let other = summary_of(&[batch(vec![Some(3)], vec![None])], &[0]);
+        let wider = summary_of(&[batch(vec![Some(9)], vec![None])], &[0]);
+        let empty = summary_of(&[batch(vec![None], vec![None])], &[0]);
+        assert!(same.covered_by(&applied));
+        assert!(empty.covered_by(&applied));
+        // Within the bounds but not listed: the IN list would have dropped its matches.
+        assert!(!other.covered_by(&applied));
+        assert!(!wider.covered_by(&applied));
+        let bounds_only = KeySummary {
+            keys: None,
+            ..applied.clone()
+        };
+        assert!(other.covered_by(&bounds_only));
+        assert!(!wider.covered_by(&bounds_only));
+    }
+
+    #[test]
+    fn a_summary_too_large_for_a_report_drops_its_keys_then_itself() {
+        let names: Vec<String> = (0..200).map(|i| format!("{i:0>1000}")).collect();
+        let summary = summary_of(
+            &[batch(
+                (0..200).map(Some).collect(),
+                names.iter().map(|n| Some(n.as_str())).collect(),
+            )],
+            &[1],
+        );
+        assert_eq!(summary.keys.as_ref().map(Vec::len), Some(200));
+        let capped = summary.encode_within(8 * 1024).unwrap().unwrap();
+        let back = KeySummary::decode(&capped).unwrap();
+        assert_eq!((back.keys, back.bounds), (None, summary.bounds.clone()));
+        assert_eq!(summary.encode_within(1000).unwrap(), None);
+        assert!(summary.encode_within(MAX_SUMMARY_BYTES).unwrap().is_some());
     }
 
     #[test]

@@ -729,23 +729,25 @@ async fn runtime_filter_tables(dir: &std::path::Path) {
     }
 }
 
+/// Settings that make every equi-join a partitioned one: no side is broadcast.
+const PARTITIONED_JOINS: [(&str, &str); 2] = [
+    (
+        "datafusion.optimizer.hash_join_single_partition_threshold",
+        "0",
+    ),
+    (
+        "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+        "0",
+    ),
+];
+
 async fn runtime_filter_session(
     dir: &std::path::Path,
     mode: ExecutionMode,
     runner: Arc<dyn JobRunner>,
+    settings: &[(&str, &str)],
 ) -> SluiceSession {
-    // Partitioned joins: no side is broadcast.
-    let settings = [
-        (
-            "datafusion.optimizer.hash_join_single_partition_threshold",
-            "0",
-        ),
-        (
-            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
-            "0",
-        ),
-    ];
-    let mut session = SluiceSession::new(&common::config(mode, &settings), runner).unwrap();
+    let mut session = SluiceSession::new(&common::config(mode, settings), runner).unwrap();
     for table in ["fact", "dim"] {
         session
             .register_table(sluice_engine::catalog::TableSource {
@@ -775,6 +777,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         dir.path(),
         ExecutionMode::Local,
         common::runner(ExecutionMode::Local),
+        &PARTITIONED_JOINS,
     )
     .await;
     let expected = formatted(&local, sql).await;
@@ -806,6 +809,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         dir.path(),
         ExecutionMode::LocalCluster,
         Arc::new(runner.clone()),
+        &PARTITIONED_JOINS,
     )
     .await;
     // The join's build side (the dim scan) filters its probe side's producer (the fact scan).
@@ -875,11 +879,59 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         "{text}"
     );
 
+    // Joins of other types and keys, and a limit under the probe side: with partitioned joins
+    // (this session) and broadcast ones (the default threshold), the answers are local mode's.
+    let hot = "(SELECT k, tag, CASE WHEN k % 300 = 0 THEN NULL ELSE k % 7 END AS v FROM dim \
+               WHERE tag = 'hot')";
+    let queries = [
+        format!("SELECT count(*) FROM fact WHERE k IN (SELECT k FROM {hot} h)"),
+        format!(
+            "SELECT count(*) FROM fact WHERE NOT EXISTS (SELECT 1 FROM {hot} h WHERE h.k = fact.k)"
+        ),
+        format!("SELECT count(*) FROM fact WHERE k NOT IN (SELECT k FROM {hot} h)"),
+        format!("SELECT count(*), count(f.k) FROM {hot} h LEFT JOIN fact f ON f.k = h.k"),
+        format!("SELECT count(*), count(h.k) FROM {hot} h RIGHT JOIN fact f ON f.k = h.k"),
+        format!("SELECT count(*), sum(f.v) FROM fact f JOIN {hot} h ON f.k = h.k AND f.v = h.v"),
+        format!(
+            "SELECT count(*) FROM (SELECT * FROM fact ORDER BY k LIMIT 5000) f \
+             JOIN {hot} h ON f.k = h.k"
+        ),
+    ];
+    let broadcast = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalCluster,
+        Arc::new(runner.clone()),
+        &[],
+    )
+    .await;
+    let mut filtered = 0;
+    for query in &queries {
+        let expected = formatted(&local, query).await;
+        for session in [&cluster, &broadcast] {
+            assert_eq!(formatted(session, query).await, expected, "{query}");
+            filtered += session
+                .job_graph(query)
+                .await
+                .unwrap()
+                .runtime_filters()
+                .len();
+        }
+    }
+    assert!(filtered >= 8, "runtime filters in these jobs: {filtered}");
+    // A broadcast join's filter goes above its probe side in the join's own stage, and down into
+    // the fact scan there: the dim table and three row groups of the fact table are read.
+    assert_eq!(formatted(&broadcast, sql).await, expected);
+    let job = newest_job(&runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    let scanned: u64 = summaries.iter().map(|s| s.totals.scanned_rows).sum();
+    assert_eq!(scanned, 1000 + 3000, "dim and fact rows scanned");
+
     // Turning dynamic filters off turns runtime filters off: the scan reads every row.
     let unfiltered = runtime_filter_session(
         dir.path(),
         ExecutionMode::LocalCluster,
         Arc::new(runner.clone()),
+        &PARTITIONED_JOINS,
     )
     .await;
     unfiltered
@@ -905,6 +957,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         dir.path(),
         ExecutionMode::LocalGraph,
         common::runner(ExecutionMode::LocalGraph),
+        &PARTITIONED_JOINS,
     )
     .await;
     assert!(
@@ -916,5 +969,48 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
             .is_empty()
     );
     assert_eq!(formatted(&pipelined, sql).await, expected);
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_exchanges() {
+    let runner = LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        exchange: sluice_planner::OutputMode::Blocking,
+        ..ClusterOptions::default()
+    });
+    let cluster = tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await;
+    let local = session(ExecutionMode::Local, &[]).await;
+    for number in [5, 9, 17, 18, 21] {
+        let query = tpch_query(number, 0.01).unwrap();
+        let sql = &query.statements[query.result_statement];
+        let graph = cluster.job_graph(sql).await.unwrap();
+        let filters = graph.runtime_filters().len();
+        assert!(filters >= 2, "q{number}: {filters} runtime filters");
+        let outputs = cluster
+            .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
+            .unwrap()
+            .to_string();
+        // One line per filter, each a predicate over the probe keys with the stage it came from
+        // (a filter whose build side held no key is `false`).
+        let applied = text.matches("runtime filter: ").count();
+        let with_source = text.matches(" (from stage ").count();
+        assert_eq!(
+            (applied, with_source),
+            (filters, filters),
+            "q{number}:\n{text}"
+        );
+        assert!(
+            text.contains("row_groups_pruned_statistics="),
+            "q{number}:\n{text}"
+        );
+        // And the answer is local mode's.
+        let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+        let answer = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
+        assert_eq!(answer, expected, "q{number}");
+    }
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }

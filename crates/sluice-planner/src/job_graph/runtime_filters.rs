@@ -218,7 +218,12 @@ fn join_filter(
     let producer = stage_input_below(parts.right)
         .and_then(|i| inputs.get(i))
         .map(|input| input.stage)
-        .filter(|p| p.0 > source.0 && stages[p.0].mode == OutputMode::Blocking);
+        .filter(|p| {
+            p.0 > source.0
+                && stages
+                    .get(p.0)
+                    .is_some_and(|s| s.mode == OutputMode::Blocking)
+        });
     let (target, target_path) = match producer {
         Some(producer) => (producer, Vec::new()),
         None => {

@@ -70,6 +70,9 @@ pub(super) struct JobEntry {
     pub filtered_stages: std::collections::BTreeSet<StageId>,
     /// What became of them, for `EXPLAIN ANALYZE`.
     pub filter_notes: Vec<super::runtime_filters::FilterNote>,
+    /// Per source stage of an applied filter, the summary it was built from (a re-run of the
+    /// source is checked against it).
+    pub applied_summaries: std::collections::HashMap<StageId, crate::runtime_filter::KeySummary>,
 }
 
 impl JobEntry {
@@ -106,6 +109,7 @@ impl JobEntry {
             attempts: super::attempts::AttemptLog::new(job, record.label.as_deref()),
             filtered_stages: std::collections::BTreeSet::new(),
             filter_notes: Vec::new(),
+            applied_summaries: std::collections::HashMap::new(),
             record,
         }
     }

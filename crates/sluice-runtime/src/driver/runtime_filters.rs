@@ -13,7 +13,9 @@
 //! worker changes nothing: a retried target task runs the plan its job chose); a target starts only
 //! after its sources finished (the topology makes it wait), so every one of its tasks runs the
 //! filtered plan; anything missing (a source task without a summary) or failing leaves the plan
-//! as it was, which is always a correct answer, and says why.
+//! as it was, which is always a correct answer, and says why; a source task that runs again
+//! after its filter was applied (lineage) must see only keys that filter kept, or its job fails;
+//! the filter is not pushed into a plan holding a limit.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use sluice_planner::job_graph::runtime_filters::insert_filter;
 use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
 
@@ -33,7 +36,8 @@ use crate::runtime_filter::KeySummary;
 /// The longest predicate text a note shows.
 const NOTE_PREDICATE_CHARS: usize = 240;
 
-/// What became of one target's filters, for the log and `EXPLAIN ANALYZE`.
+/// What became of one target's filters, for the log (debug: predicates hold key values) and
+/// `EXPLAIN ANALYZE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FilterNote {
     /// The filtered stage.
@@ -65,13 +69,16 @@ pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<Filter
             continue;
         }
         entry.filtered_stages.insert(target);
-        match filter_stage(entry, target, &filters, &mut notes) {
-            Ok(Some(plan)) => {
-                if let Some(slot) = entry.plans.get_mut(target.0) {
+        match filter_stage(entry, target, &filters) {
+            Ok(filtered) => {
+                notes.extend(filtered.notes);
+                if let Some(plan) = filtered.plan
+                    && let Some(slot) = entry.plans.get_mut(target.0)
+                {
                     *slot = plan;
+                    entry.applied_summaries.extend(filtered.applied);
                 }
             }
-            Ok(None) => {}
             Err(e) => notes.push(FilterNote {
                 target,
                 text: format!("none: the filter could not be applied ({e})"),
@@ -81,18 +88,51 @@ pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<Filter
     notes
 }
 
-/// The plan `target`'s tasks run with `filters` applied (`None`: none could be built).
+/// Why the job must fail: `attempt` of a filter's source stage succeeded after the filter was
+/// applied (a re-run after its output was lost) and saw keys the filter drops, so the rows its
+/// target kept may lack some this run's build side matches (a build side whose rows change from
+/// run to run). `None` when there is nothing to fear.
+pub(super) fn rerun_escapes_filter(entry: &JobEntry, attempt: TaskAttempt) -> Option<String> {
+    let applied = entry.applied_summaries.get(&attempt.task.stage)?;
+    let summary = entry
+        .metrics
+        .get(&attempt)
+        .map(|m| m.key_summary.as_slice())
+        .filter(|bytes| !bytes.is_empty())
+        .and_then(|bytes| KeySummary::decode(bytes).ok());
+    match summary {
+        Some(summary) if summary.covered_by(applied) => None,
+        _ => Some(format!(
+            "{} ran again after its stage's keys filtered another stage, and saw keys that \
+             filter dropped (a build side whose rows differ from run to run); the job fails \
+             rather than risk a wrong answer",
+            attempt.task
+        )),
+    }
+}
+
+/// What filtering one target stage made.
+struct FilteredStage {
+    /// The plan its tasks run, `None` if no filter could be built.
+    plan: Option<StagePlan>,
+    /// Per source stage, the summary its filter was built from.
+    applied: Vec<(StageId, KeySummary)>,
+    notes: Vec<FilterNote>,
+}
+
+/// `target`'s plan with `filters` applied.
 fn filter_stage(
     entry: &JobEntry,
     target: StageId,
     filters: &[&RuntimeFilter],
-    notes: &mut Vec<FilterNote>,
-) -> Result<Option<StagePlan>> {
+) -> Result<FilteredStage> {
     let stage = entry
         .graph
         .stage(target)
         .ok_or_else(|| DataFusionError::Internal(format!("no stage {target}")))?;
+    let mut notes = Vec::new();
     let mut built = Vec::new();
+    let mut applied = Vec::new();
     for filter in filters {
         let Some(summary) = merged_summary(entry, filter.source)? else {
             notes.push(FilterNote {
@@ -116,9 +156,14 @@ fn filter_stage(
             ),
         });
         built.push((filter.target_path.clone(), predicate));
+        applied.push((filter.source, summary));
     }
     if built.is_empty() {
-        return Ok(None);
+        return Ok(FilteredStage {
+            plan: None,
+            applied,
+            notes,
+        });
     }
     // Deepest first: a filter put on top of a node does not move the nodes below it.
     built.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
@@ -126,15 +171,33 @@ fn filter_stage(
     for (path, predicate) in built {
         plan = insert_filter(plan, &path, predicate)?;
     }
-    let config = crate::definition::session_config_of(&entry.config)?;
-    let plan = FilterPushdown::new().optimize(plan, config.options())?;
-    Ok(Some(match entry.plans.get(target.0) {
+    // DataFusion runs its filter pushdown before limits are pushed into plans; past a node with a
+    // limit it could filter rows before the limit counts them. Such a plan keeps its filters
+    // where they were put, which is always right.
+    if !has_limit(&plan) {
+        let config = crate::definition::session_config_of(&entry.config)?;
+        plan = FilterPushdown::new().optimize(plan, config.options())?;
+    }
+    let plan = match entry.plans.get(target.0) {
         Some(StagePlan::InMemory { context, .. }) => StagePlan::InMemory {
             plan,
             context: Arc::clone(context),
         },
         _ => StagePlan::Encoded(encode_stage_plan(plan)?),
-    }))
+    };
+    Ok(FilteredStage {
+        plan: Some(plan),
+        applied,
+        notes,
+    })
+}
+
+/// Whether a node of `plan` limits its rows (a fetch or a limit node).
+fn has_limit(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.fetch().is_some()
+        || plan.downcast_ref::<GlobalLimitExec>().is_some()
+        || plan.downcast_ref::<LocalLimitExec>().is_some()
+        || plan.children().into_iter().any(has_limit)
 }
 
 /// The node at `path` (child indices) below `plan`.

@@ -9,8 +9,10 @@
 //!                         SummarySlot: Some(bytes)  (None if the stream was dropped or failed)
 //! ```
 //!
-//! Invariant: the slot holds a summary only if the input was read to its end, so it covers every
-//! row the task wrote. Nothing is spawned; errors go into the stream.
+//! Invariants: the slot holds a summary only if the input was read to its end, so it covers every
+//! row the task wrote, and only if it fits a report (`MAX_SUMMARY_BYTES`); a task executes one
+//! partition of its plan, so one stream fills the slot. Nothing is spawned; errors go into the
+//! stream.
 
 use std::fmt;
 use std::pin::Pin;
@@ -28,7 +30,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::{Stream, StreamExt};
 use sluice_planner::plan::{RECOMPUTE, only_child};
 
-use crate::runtime_filter::KeySummaryBuilder;
+use crate::runtime_filter::{KeySummaryBuilder, MAX_SUMMARY_BYTES};
 
 /// Where a finished summary is left (encoded), shared by every copy of one node.
 pub type SummarySlot = Arc<Mutex<Option<Vec<u8>>>>;
@@ -164,11 +166,11 @@ impl Stream for SummarisingStream {
                 let summary = self
                     .builder
                     .take()
-                    .map(|b| b.finish().and_then(|s| s.encode()));
+                    .map(|b| b.finish().and_then(|s| s.encode_within(MAX_SUMMARY_BYTES)));
                 match summary {
                     Some(Ok(bytes)) => match self.slot.lock() {
                         Ok(mut slot) => {
-                            *slot = Some(bytes);
+                            *slot = bytes;
                             None
                         }
                         Err(_) => Some(Err(DataFusionError::Internal(

@@ -284,6 +284,21 @@ impl DriverActor {
         true
     }
 
+    /// Fails running job `job` for `why` (an internal error naming the job), then stops it as a
+    /// cancel does.
+    pub(super) fn fail_running_job(&mut self, job: JobId, why: &str) {
+        if !self
+            .jobs
+            .get(&job)
+            .is_some_and(|entry| entry.phase == JobPhase::Running)
+        {
+            return;
+        }
+        let error = DataFusionError::Internal(format!("job {job}: {why}"));
+        self.end_job(job, JobState::Failed, error);
+        self.cancel_job(job);
+    }
+
     /// Drops `job`'s waiting regions and stops its tasks (cleaned up at once when none run).
     fn cancel_job(&mut self, job: JobId) {
         self.waiting.retain(|(j, _, _)| *j != job);

@@ -68,23 +68,32 @@ impl DriverActor {
             } else if state == TaskRecordState::Cancelled {
                 state = TaskRecordState::Failed;
             }
+            // The records keep the counters, not a runtime filter's key summary.
+            let recorded = accepted.clone().map(|mut m| {
+                m.key_summary = Vec::new();
+                m
+            });
             self.record(Transition::AttemptEnded {
                 job: key.job,
                 attempt,
                 state,
-                metrics: accepted.clone(),
+                metrics: recorded,
                 error,
             });
         }
+        let mut escaped = None;
         if let Some(metrics) = accepted {
             self.record(Transition::Succeeded {
                 key,
                 worker: report.worker,
                 metrics: &metrics,
             });
-            self.task_succeeded(key.job, attempt, metrics);
+            escaped = self.task_succeeded(key.job, attempt, metrics);
         }
         self.perform(outcome.actions);
+        if let Some(why) = escaped {
+            self.fail_running_job(key.job, &why);
+        }
         if terminal {
             self.place_waiting();
         }
@@ -121,26 +130,27 @@ impl DriverActor {
         self.worker_lost(worker, &why, WorkerLoss::CutOff);
     }
 
-    /// Records a succeeded attempt; once every task of its stage succeeded, what the stage's
-    /// producers still hold is released (no consumer will read it), so they stop waiting.
+    /// Records a succeeded attempt; once every task of its stage succeeded, the runtime filters
+    /// waiting for it are applied, and what the stage's producers still hold is released (no
+    /// consumer will read it), so they stop waiting. Says why the job must fail if the attempt
+    /// re-ran a runtime filter's source and saw keys that filter dropped.
     pub(super) fn task_succeeded(
         &mut self,
         job: JobId,
         attempt: TaskAttempt,
         metrics: crate::analyze::TaskMetrics,
-    ) {
-        let Some(entry) = self.jobs.get_mut(&job) else {
-            return;
-        };
+    ) -> Option<String> {
+        let entry = self.jobs.get_mut(&job)?;
         entry.metrics.insert(attempt, metrics);
         entry.task_succeeded(attempt);
+        let escaped = crate::driver::runtime_filters::rerun_escapes_filter(entry, attempt);
         let stage_id = attempt.task.stage;
         if !entry.stage_complete(stage_id) {
-            return;
+            return escaped;
         }
         entry.attempts.stage_done(stage_id);
         for note in crate::driver::runtime_filters::apply_ready(entry, stage_id) {
-            tracing::info!(
+            tracing::debug!(
                 target: "sluice::runtime_filter",
                 job = job.0,
                 stage = note.target.0,
@@ -151,7 +161,7 @@ impl DriverActor {
             entry.filter_notes.push(note);
         }
         let Some(stage) = entry.graph.stage(stage_id) else {
-            return;
+            return escaped;
         };
         let mut releases = Vec::new();
         for input in &stage.inputs {
@@ -180,6 +190,7 @@ impl DriverActor {
         for (location, key) in releases {
             self.release_output(location, key);
         }
+        escaped
     }
 
     pub(super) fn run_task_failed(
