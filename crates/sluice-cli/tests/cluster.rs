@@ -234,6 +234,17 @@ fn the_process_cluster_manager_starts_drains_and_stops_worker_processes() {
         let workers = until_workers(&cluster, 2).await;
         let pids = cluster.worker_pids();
         assert_eq!(pids.len(), 2, "{pids:?}");
+        // The driver may register the worker before the manager has read the worker's own line
+        // saying under which id it joined: wait for both.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !manager.manages(workers[1].id) {
+            assert!(
+                Instant::now() < deadline,
+                "the manager never saw {}",
+                workers[1].id
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // The second drains and leaves; it is not replaced.
         manager.drain(workers[1].id).await.unwrap();
         let left = until_workers(&cluster, 1).await;
