@@ -249,8 +249,20 @@ pub fn insert_filter(
     path: &[usize],
     predicate: Arc<dyn PhysicalExpr>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    replace_at(plan, path, &mut |node| {
+        Ok(Arc::new(FilterExec::try_new(Arc::clone(&predicate), node)?))
+    })
+}
+
+/// `plan` with the node at `path` (child indices from the root) replaced by what `replace` makes
+/// of it; the nodes above take their new children.
+pub fn replace_at(
+    plan: Arc<dyn ExecutionPlan>,
+    path: &[usize],
+    replace: &mut dyn FnMut(Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let Some((first, rest)) = path.split_first() else {
-        return Ok(Arc::new(FilterExec::try_new(predicate, plan)?));
+        return replace(plan);
     };
     let mut children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
     let Some(child) = children.get(*first).cloned() else {
@@ -260,7 +272,7 @@ pub fn insert_filter(
             children.len()
         );
     };
-    children[*first] = insert_filter(child, rest, predicate)?;
+    children[*first] = replace_at(child, rest, replace)?;
     plan.replace_children(children, RECOMPUTE)
 }
 

@@ -6,7 +6,8 @@
 //! ```text
 //!   source stage complete ─► every filter of a target whose sources are all complete:
 //!       KeySummary::merge(the succeeded attempts' summaries) ─► predicate over the probe keys
-//!       ─► insert_filter(target plan, path) ─► FilterPushdown ─► entry.plans[target] (encoded once)
+//!       ─► FilterExec on top of the node at the filter's path, pushed down within that subtree
+//!          (FilterPushdown) ─► entry.plans[target] (encoded once)
 //! ```
 //!
 //! Invariants: a target's plan is filtered at most once per job (a source run again after a lost
@@ -15,7 +16,7 @@
 //! filtered plan; anything missing (a source task without a summary) or failing leaves the plan
 //! as it was, which is always a correct answer, and says why; a source task that runs again
 //! after its filter was applied (lineage) must see only keys that filter kept, or its job fails;
-//! the filter is not pushed into a plan holding a limit.
+//! the filter is not pushed down into a subtree holding a limit.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -24,8 +25,9 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
-use sluice_planner::job_graph::runtime_filters::insert_filter;
+use sluice_planner::job_graph::runtime_filters::replace_at;
 use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
 
 use super::job::JobEntry;
@@ -167,16 +169,22 @@ fn filter_stage(
     }
     // Deepest first: a filter put on top of a node does not move the nodes below it.
     built.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+    let config = crate::definition::session_config_of(&entry.config)?;
     let mut plan = Arc::clone(&stage.plan);
     for (path, predicate) in built {
-        plan = insert_filter(plan, &path, predicate)?;
-    }
-    // DataFusion runs its filter pushdown before limits are pushed into plans; past a node with a
-    // limit it could filter rows before the limit counts them. Such a plan keeps its filters
-    // where they were put, which is always right.
-    if !has_limit(&plan) {
-        let config = crate::definition::session_config_of(&entry.config)?;
-        plan = FilterPushdown::new().optimize(plan, config.options())?;
+        plan = replace_at(plan, &path, &mut |node| {
+            let filtered: Arc<dyn ExecutionPlan> =
+                Arc::new(FilterExec::try_new(Arc::clone(&predicate), node)?);
+            // Pushed down within the filtered subtree only. DataFusion runs its filter pushdown
+            // before limits are pushed into plans: past a node with a limit it could filter rows
+            // before the limit counts them, so such a subtree keeps the filter on top, which is
+            // always right.
+            if has_limit(&filtered) {
+                Ok(filtered)
+            } else {
+                FilterPushdown::new().optimize(filtered, config.options())
+            }
+        })?;
     }
     let plan = match entry.plans.get(target.0) {
         Some(StagePlan::InMemory { context, .. }) => StagePlan::InMemory {
