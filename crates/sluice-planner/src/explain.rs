@@ -8,13 +8,13 @@
 //! "regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
 
 use std::fmt::Write;
-use std::sync::Arc;
 
 use datafusion::physical_plan::displayable;
 use serde_json::{Value, json};
 
 use crate::ids::RegionId;
 use crate::ids::StageId;
+use crate::job_graph::runtime_filters::node_at;
 use crate::job_graph::{JobGraph, RuntimeFilter, Stage};
 use crate::topology::TaskRegion;
 
@@ -44,11 +44,10 @@ fn runtime_filter_lines(graph: &JobGraph, stage: StageId) -> Vec<String> {
 
 fn runtime_filter_text(graph: &JobGraph, filter: &RuntimeFilter) -> String {
     let columns = |stage: StageId, path: &[usize], indices: &[usize]| {
-        let mut plan = graph.stage(stage).map(|s| Arc::clone(&s.plan));
-        for i in path {
-            plan = plan.and_then(|p| p.children().get(*i).map(|c| Arc::clone(c)));
-        }
-        let schema = plan.map(|p| p.schema());
+        let schema = graph
+            .stage(stage)
+            .and_then(|s| node_at(&s.plan, path).ok())
+            .map(|node| node.schema());
         indices
             .iter()
             .map(|i| match schema.as_ref().and_then(|s| s.fields().get(*i)) {

@@ -227,12 +227,7 @@ pub(crate) fn stage_reports(
         .filter(|(index, _)| StageId(*index) != last)
         .map(|(index, stage)| {
             let id = StageId(index);
-            let mut report = stage_report(id, stage.partitions(), metrics);
-            let lines = filter_lines(id);
-            if let Some(first_line_end) = report.text.find('\n') {
-                report.text.insert_str(first_line_end + 1, &lines);
-            }
-            report
+            stage_report(id, stage.partitions(), metrics, &filter_lines(id))
         })
         .collect();
     let job: TaskMetrics = metrics.values().sum();
@@ -249,12 +244,14 @@ pub(crate) fn stage_reports(
     reports
 }
 
-/// The report of `stage` (`partitions` tasks): how rows and time spread over its tasks, its
-/// totals, and the slowest task's plan with its metrics.
+/// The report of `stage` (`partitions` tasks): how rows and time spread over its tasks, the
+/// runtime filters its plan got (`filter_lines`), its totals, and the slowest task's plan with its
+/// metrics.
 fn stage_report(
     stage: StageId,
     partitions: usize,
     metrics: &HashMap<TaskId, TaskMetrics>,
+    filter_lines: &str,
 ) -> StageReport {
     let tasks: Vec<(usize, &TaskMetrics)> = (0..partitions)
         .filter_map(|partition| {
@@ -288,7 +285,7 @@ fn stage_report(
         .map_or("", |m| m.plan.as_str());
     StageReport {
         title: format!("Stage {stage}"),
-        text: format!("{summary}\n{}\n{plan}", totals_text(&totals)),
+        text: format!("{summary}\n{filter_lines}{}\n{plan}", totals_text(&totals)),
     }
 }
 

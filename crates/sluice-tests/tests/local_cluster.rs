@@ -762,6 +762,23 @@ async fn runtime_filter_session(
     session
 }
 
+/// How many runtime filters the job graph of `sql` has.
+async fn runtime_filters_of(session: &SluiceSession, sql: &str) -> usize {
+    session
+        .job_graph(sql)
+        .await
+        .unwrap()
+        .runtime_filters()
+        .len()
+}
+
+/// The rows every scan of the newest job on `runner` read, summed.
+async fn rows_scanned_by_newest_job(runner: &dyn JobRunner) -> u64 {
+    let job = newest_job(runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    summaries.iter().map(|s| s.totals.scanned_rows).sum()
+}
+
 /// The rows a `SELECT` returns, formatted.
 async fn formatted(session: &SluiceSession, sql: &str) -> Vec<Vec<String>> {
     let outputs = session.run_sql(sql).await.unwrap();
@@ -909,21 +926,14 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         let expected = formatted(&local, query).await;
         for session in [&cluster, &broadcast] {
             assert_eq!(formatted(session, query).await, expected, "{query}");
-            filtered += session
-                .job_graph(query)
-                .await
-                .unwrap()
-                .runtime_filters()
-                .len();
+            filtered += runtime_filters_of(session, query).await;
         }
     }
     assert!(filtered >= 8, "runtime filters in these jobs: {filtered}");
     // A broadcast join's filter goes above its probe side in the join's own stage, and down into
     // the fact scan there: the dim table and three row groups of the fact table are read.
     assert_eq!(formatted(&broadcast, sql).await, expected);
-    let job = newest_job(&runner).await;
-    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
-    let scanned: u64 = summaries.iter().map(|s| s.totals.scanned_rows).sum();
+    let scanned = rows_scanned_by_newest_job(&runner).await;
     assert_eq!(scanned, 1000 + 3000, "dim and fact rows scanned");
 
     // Turning dynamic filters off turns runtime filters off: the scan reads every row.
@@ -938,18 +948,9 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         .run_sql("SET datafusion.optimizer.enable_dynamic_filter_pushdown = false")
         .await
         .unwrap();
-    assert!(
-        unfiltered
-            .job_graph(sql)
-            .await
-            .unwrap()
-            .runtime_filters()
-            .is_empty()
-    );
+    assert_eq!(runtime_filters_of(&unfiltered, sql).await, 0);
     assert_eq!(formatted(&unfiltered, sql).await, expected);
-    let job = newest_job(&runner).await;
-    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
-    let scanned: u64 = summaries.iter().map(|s| s.totals.scanned_rows).sum();
+    let scanned = rows_scanned_by_newest_job(&runner).await;
     assert_eq!(scanned, 100_000 + 1000, "every fact and dim row");
 
     // Pipelined exchanges have none (a probe scan would not wait for its build side).
@@ -960,14 +961,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         &PARTITIONED_JOINS,
     )
     .await;
-    assert!(
-        pipelined
-            .job_graph(sql)
-            .await
-            .unwrap()
-            .runtime_filters()
-            .is_empty()
-    );
+    assert_eq!(runtime_filters_of(&pipelined, sql).await, 0);
     assert_eq!(formatted(&pipelined, sql).await, expected);
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }

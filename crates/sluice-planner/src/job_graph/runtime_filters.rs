@@ -30,7 +30,6 @@ use datafusion::common::{JoinType, NullEquality, Result, internal_err};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::sorts::sort::SortExec;
 
@@ -242,16 +241,17 @@ fn join_filter(
     })
 }
 
-/// `plan` with a `FilterExec` of `predicate` on top of the node at `path` (child indices from the
-/// root).
-pub fn insert_filter(
-    plan: Arc<dyn ExecutionPlan>,
-    path: &[usize],
-    predicate: Arc<dyn PhysicalExpr>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    replace_at(plan, path, &mut |node| {
-        Ok(Arc::new(FilterExec::try_new(Arc::clone(&predicate), node)?))
-    })
+/// The node at `path` (child indices from the root) of `plan`.
+pub fn node_at(plan: &Arc<dyn ExecutionPlan>, path: &[usize]) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut node = Arc::clone(plan);
+    for i in path {
+        let child = node.children().get(*i).map(|c| Arc::clone(c));
+        node = match child {
+            Some(child) => child,
+            None => return internal_err!("a runtime filter's path has no child {i}"),
+        };
+    }
+    Ok(node)
 }
 
 /// `plan` with the node at `path` (child indices from the root) replaced by what `replace` makes
@@ -285,7 +285,19 @@ mod tests {
     use datafusion::physical_expr::expressions::lit;
     use datafusion::physical_plan::displayable;
     use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::filter::FilterExec;
     use datafusion::physical_plan::union::UnionExec;
+
+    /// `plan` with a `FilterExec` of `predicate` on top of the node at `path`.
+    fn insert_filter(
+        plan: Arc<dyn ExecutionPlan>,
+        path: &[usize],
+        predicate: Arc<dyn PhysicalExpr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        replace_at(plan, path, &mut |node| {
+            Ok(Arc::new(FilterExec::try_new(Arc::clone(&predicate), node)?))
+        })
+    }
 
     #[test]
     fn a_filter_goes_on_top_of_the_node_its_path_names() {

@@ -27,7 +27,7 @@ use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
-use sluice_planner::job_graph::runtime_filters::replace_at;
+use sluice_planner::job_graph::runtime_filters::{node_at, replace_at};
 use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
 
 use super::job::JobEntry;
@@ -206,18 +206,6 @@ fn has_limit(plan: &Arc<dyn ExecutionPlan>) -> bool {
         || plan.downcast_ref::<GlobalLimitExec>().is_some()
         || plan.downcast_ref::<LocalLimitExec>().is_some()
         || plan.children().into_iter().any(has_limit)
-}
-
-/// The node at `path` (child indices) below `plan`.
-fn node_at(plan: &Arc<dyn ExecutionPlan>, path: &[usize]) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut node = Arc::clone(plan);
-    for i in path {
-        let child = node.children().get(*i).map(|c| Arc::clone(c));
-        node = child.ok_or_else(|| {
-            DataFusionError::Internal(format!("a runtime filter's path has no child {i}"))
-        })?;
-    }
-    Ok(node)
 }
 
 /// The summary of every task of `source` (their succeeded attempts'), `None` if one has none.
