@@ -351,6 +351,7 @@ fn metrics_to_proto(m: &TaskMetrics) -> proto::TaskMetrics {
         fetch_retries: m.fetch_retries,
         fetch_retried: m.fetch_retried.clone(),
         key_summary: m.key_summary.clone(),
+        channel_rows: m.channel_rows.clone(),
     }
 }
 
@@ -374,6 +375,7 @@ fn metrics_from_proto(m: &proto::TaskMetrics) -> TaskMetrics {
         fetch_retries: m.fetch_retries,
         fetch_retried: m.fetch_retried.clone(),
         key_summary: m.key_summary.clone(),
+        channel_rows: m.channel_rows.clone(),
     }
 }
 
@@ -712,6 +714,7 @@ pub(crate) mod tests {
             fetch_retries: 14,
             fetch_retried: "reading stream … from 10.0.0.2:1: tcp connect error".into(),
             key_summary: vec![16, 17],
+            channel_rows: vec![18, 0, 19],
         };
         let report = TaskStatusReport {
             worker: WorkerId(1),

@@ -888,7 +888,7 @@ impl SluiceConfig {
 
     /// The DataFusion session configuration these settings describe.
     pub fn session_config(&self) -> Result<SessionConfig> {
-        let mut config = SessionConfig::new();
+        let mut config = sluice_runtime::options::with_sluice_options(SessionConfig::new());
         for (key, value, from) in self.derived_settings() {
             config
                 .options_mut()
@@ -966,9 +966,12 @@ impl SluiceConfig {
     }
 }
 
-/// Checks one DataFusion setting against DataFusion's own option table.
+/// Checks one session setting against DataFusion's option table and Sluice's own (`sluice.*`).
 fn validate_setting(key: &str, value: &str) -> Result<(), String> {
     let mut options = datafusion::config::ConfigOptions::new();
+    options
+        .extensions
+        .insert(sluice_runtime::options::SluiceOptions::default());
     options
         .set(key, value)
         .map_err(|e| format!("setting {key} = '{value}': {}", first_line(&e.to_string())))

@@ -1,10 +1,10 @@
 //! EXPLAIN DISTRIBUTED: a job graph and its topology as text or JSON.
 //!
 //! Text shows each stage (id, placement, partitions, output distribution and mode, inputs) followed
-//! by the runtime filters its plan gets and its indented physical plan, then the task regions with
-//! their dependencies. JSON has the shape
+//! by the runtime filters its plan gets, the skew split the driver may make of it, and its indented
+//! physical plan, then the task regions with their dependencies. JSON has the shape
 //! `{"stages":[{"id","partitions","placement","mode","distribution":{"kind","channels","keys"},
-//! "inputs":[{"stage","mode"}],"runtime_filters":[text],"plan"}],
+//! "inputs":[{"stage","mode"}],"runtime_filters":[text],"skew_split":text|null,"plan"}],
 //! "regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
 
 use std::fmt::Write;
@@ -71,6 +71,24 @@ fn runtime_filter_text(graph: &JobGraph, filter: &RuntimeFilter) -> String {
     )
 }
 
+/// The skew split the driver may make of `stage`'s join once its inputs finished, if any.
+fn skew_split_line(graph: &JobGraph, stage: StageId) -> Option<String> {
+    let join = graph.skew_joins().iter().find(|j| j.stage == stage)?;
+    let producer = |input: usize| {
+        graph
+            .stage(stage)
+            .and_then(|s| s.inputs.get(input))
+            .map_or_else(|| "?".to_string(), |i| i.stage.to_string())
+    };
+    Some(format!(
+        "skew split: once stages {} and {} finished, a partition with skewed probe rows (see \
+         sluice.skew_join_*) may be spread over several tasks, for {}",
+        producer(join.build_input),
+        producer(join.probe_input),
+        join.join
+    ))
+}
+
 fn region_tasks(region: &TaskRegion) -> String {
     region
         .tasks
@@ -105,6 +123,9 @@ pub fn explain_text(graph: &JobGraph) -> String {
             let _ = writeln!(out, "  inputs: {}", inputs.join(", "));
         }
         for line in runtime_filter_lines(graph, StageId(id)) {
+            let _ = writeln!(out, "  {line}");
+        }
+        if let Some(line) = skew_split_line(graph, StageId(id)) {
             let _ = writeln!(out, "  {line}");
         }
         for line in plan_text(stage).lines() {
@@ -152,6 +173,7 @@ pub fn explain_json(graph: &JobGraph) -> Value {
                     "mode": i.mode.name(),
                 })).collect::<Vec<_>>(),
                 "runtime_filters": runtime_filter_lines(graph, StageId(id)),
+                "skew_split": skew_split_line(graph, StageId(id)),
                 "plan": plan_text(stage),
             })
         })

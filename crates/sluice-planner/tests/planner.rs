@@ -664,3 +664,103 @@ async fn joins_that_keep_unmatched_probe_rows_or_pipelined_exchanges_get_no_filt
     .unwrap();
     assert!(pipelined.runtime_filters().is_empty());
 }
+
+#[tokio::test]
+async fn partitioned_joins_over_blocking_inputs_that_decide_each_probe_row_alone_may_be_split() {
+    let mut candidates = 0;
+    for sql in [
+        "select big.b from small join big on small.a = big.a",
+        "select big.b, small.b from small right join big on small.a = big.a",
+        "select big.b from big where big.a in (select a from small where a > 1) and big.b > 0",
+        "select big.b from big where not exists (select 1 from small where small.a = big.a)",
+    ] {
+        let g = blocking_join_graph(sql, true).await;
+        let explained = sluice_planner::explain::explain_text(&g);
+        let join_stage = g
+            .stages()
+            .iter()
+            .position(|s| text(&s.plan).contains("HashJoinExec: mode=Partitioned"))
+            .unwrap_or_else(|| panic!("{sql}: a partitioned join\n{explained}"));
+        let join_text = text(&g.stages()[join_stage].plan);
+        if join_text.contains("join_type=LeftAnti") || join_text.contains("join_type=LeftSemi") {
+            // A left semi or anti join's output is made of build rows: never split.
+            assert!(g.skew_joins().is_empty(), "{sql}\n{explained}");
+            continue;
+        }
+        let [join] = g.skew_joins() else {
+            panic!("{sql}: one candidate: {:?}\n{explained}", g.skew_joins());
+        };
+        assert_eq!(join.stage, StageId(join_stage), "{sql}");
+        let inputs = &g.stages()[join_stage].inputs;
+        // The build side is the join's left child, the probe side its right one, both shuffled.
+        let (build, probe) = (inputs[join.build_input], inputs[join.probe_input]);
+        assert_ne!(join.build_input, join.probe_input);
+        assert_eq!(
+            (build.mode, probe.mode),
+            (InputMode::Shuffle, InputMode::Shuffle)
+        );
+        // `small` has two partitions, `big` four.
+        assert_eq!(
+            g.stages()[build.stage.0].partitions(),
+            2,
+            "{sql}: build side\n{explained}"
+        );
+        assert!(join.join.starts_with("HashJoinExec "), "{}", join.join);
+        assert!(
+            explained.contains(&format!(
+                "skew split: once stages {} and {} finished, a partition with skewed probe rows",
+                build.stage, probe.stage
+            )),
+            "{explained}"
+        );
+        candidates += 1;
+    }
+    assert!(candidates >= 3, "joins that may be split: {candidates}");
+    // Joins whose output keeps unmatched build rows read the whole build partition in one task.
+    for sql in [
+        "select big.b from small left join big on small.a = big.a",
+        "select big.b from small full join big on small.a = big.a",
+    ] {
+        let g = blocking_join_graph(sql, true).await;
+        assert!(g.skew_joins().is_empty(), "{sql}: {:?}", g.skew_joins());
+    }
+    // A final aggregate above the join in its own stage relies on the join's partitioning.
+    let grouped =
+        "select small.a, count(*) from small join big on small.a = big.a group by small.a";
+    let g = blocking_join_graph(grouped, true).await;
+    let join_stage = g
+        .stages()
+        .iter()
+        .find(|s| text(&s.plan).contains("HashJoinExec: mode=Partitioned"))
+        .unwrap();
+    let stage_text = text(&join_stage.plan);
+    assert!(
+        stage_text.contains("AggregateExec: mode=FinalPartitioned")
+            || stage_text.contains("AggregateExec: mode=SinglePartitioned"),
+        "the aggregate runs in the join's stage:\n{stage_text}"
+    );
+    assert!(
+        g.skew_joins().is_empty(),
+        "{:?}\n{stage_text}",
+        g.skew_joins()
+    );
+    // Pipelined inputs have no exact row counts before the join starts.
+    let pipelined = JobGraph::try_new(
+        plan(
+            &context(&[
+                (
+                    "datafusion.optimizer.hash_join_single_partition_threshold",
+                    "0",
+                ),
+                (
+                    "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+                    "0",
+                ),
+            ]),
+            "select big.b from small join big on small.a = big.a",
+        )
+        .await,
+    )
+    .unwrap();
+    assert!(pipelined.skew_joins().is_empty());
+}

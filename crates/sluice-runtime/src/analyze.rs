@@ -68,6 +68,9 @@ pub struct TaskMetrics {
     /// IPC as `runtime_filter::KeySummary::encode` writes it; empty when none was asked for or
     /// the output was not written to its end. Not summed.
     pub key_summary: Vec<u8>,
+    /// Rows its shuffle writer sent to each output channel, by channel (empty without a writer):
+    /// what the driver splits a skewed join partition by. Not summed.
+    pub channel_rows: Vec<u64>,
 }
 
 /// Reads one counter of [`TaskMetrics`].
@@ -164,8 +167,35 @@ pub fn executed_task(plan: &Arc<dyn ExecutionPlan>, with_plan: bool) -> TaskMetr
         spill_count: totals.spill_count,
         spilled_bytes: totals.spilled_bytes,
         plan: rendered,
+        channel_rows: channel_rows(plan),
         ..TaskMetrics::default()
     }
+}
+
+/// The rows the writer at the root of `plan` sent to each channel (its `channel_rows` counters,
+/// labelled by channel).
+fn channel_rows(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
+    let Some(metrics) = plan.metrics() else {
+        return Vec::new();
+    };
+    let mut rows: Vec<u64> = Vec::new();
+    for metric in metrics.iter() {
+        if metric.value().name() != "channel_rows" {
+            continue;
+        }
+        let channel = metric
+            .labels()
+            .iter()
+            .find(|label| label.name() == "channel")
+            .and_then(|label| label.value().parse::<usize>().ok());
+        if let Some(channel) = channel {
+            if rows.len() <= channel {
+                rows.resize(channel + 1, 0);
+            }
+            rows[channel] = rows[channel].saturating_add(metric.value().as_usize() as u64);
+        }
+    }
+    rows
 }
 
 /// Sums over every node of a task plan.
@@ -210,14 +240,14 @@ pub fn is_analyze(graph: &JobGraph) -> bool {
 pub(crate) fn stage_reports(
     graph: &JobGraph,
     metrics: &HashMap<TaskId, TaskMetrics>,
-    filters: &[crate::driver::FilterNote],
+    notes: &[crate::driver::StageNote],
 ) -> Vec<StageReport> {
     let last = graph.final_stage();
-    let filter_lines = |stage: StageId| -> String {
-        filters
+    let note_lines = |stage: StageId| -> String {
+        notes
             .iter()
             .filter(|note| note.target == stage)
-            .map(|note| format!("runtime filter: {}\n", note.text))
+            .map(|note| format!("{}\n", note.text))
             .collect()
     };
     let mut reports: Vec<StageReport> = graph
@@ -227,7 +257,7 @@ pub(crate) fn stage_reports(
         .filter(|(index, _)| StageId(*index) != last)
         .map(|(index, stage)| {
             let id = StageId(index);
-            stage_report(id, stage.partitions(), metrics, &filter_lines(id))
+            stage_report(id, stage.partitions(), metrics, &note_lines(id))
         })
         .collect();
     let job: TaskMetrics = metrics.values().sum();
@@ -237,7 +267,7 @@ pub(crate) fn stage_reports(
             "{} stages (the final one included), {} tasks\n{}{}\n",
             graph.stages().len(),
             metrics.len(),
-            filter_lines(last),
+            note_lines(last),
             totals_text(&job)
         ),
     });
@@ -245,13 +275,13 @@ pub(crate) fn stage_reports(
 }
 
 /// The report of `stage` (`partitions` tasks): how rows and time spread over its tasks, the
-/// runtime filters its plan got (`filter_lines`), its totals, and the slowest task's plan with its
+/// notes on what the driver changed in it (`note_lines`: runtime filters, skew splits), its totals, and the slowest task's plan with its
 /// metrics.
 fn stage_report(
     stage: StageId,
     partitions: usize,
     metrics: &HashMap<TaskId, TaskMetrics>,
-    filter_lines: &str,
+    note_lines: &str,
 ) -> StageReport {
     let tasks: Vec<(usize, &TaskMetrics)> = (0..partitions)
         .filter_map(|partition| {
@@ -285,7 +315,7 @@ fn stage_report(
         .map_or("", |m| m.plan.as_str());
     StageReport {
         title: format!("Stage {stage}"),
-        text: format!("{summary}\n{filter_lines}{}\n{plan}", totals_text(&totals)),
+        text: format!("{summary}\n{note_lines}{}\n{plan}", totals_text(&totals)),
     }
 }
 

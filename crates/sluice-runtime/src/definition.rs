@@ -161,7 +161,16 @@ pub(crate) const CASCADED_SETTINGS: &[&str] = &[
 /// The session settings a task runs with, rebuilt on DataFusion's defaults from the ones its
 /// definition carries (`driver::shipping::shipped_settings`).
 pub(crate) fn session_config_of(settings: &HashMap<String, String>) -> Result<SessionConfig> {
-    let mut config = SessionConfig::from_string_hash_map(settings)?;
+    // DataFusion's own settings first (it knows no others), then Sluice's on their extension.
+    let (ours, theirs): (HashMap<String, String>, HashMap<String, String>) = settings
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .partition(|(key, _)| key.starts_with("sluice."));
+    let mut config =
+        crate::options::with_sluice_options(SessionConfig::from_string_hash_map(&theirs)?);
+    for (key, value) in &ours {
+        config.options_mut().set(key, value)?;
+    }
     for key in CASCADED_SETTINGS {
         if let Some(value) = settings.get(*key) {
             config.options_mut().set(key, value)?;

@@ -30,6 +30,7 @@ pub mod error;
 pub mod faults;
 mod memory;
 pub mod object_stores;
+pub mod options;
 pub mod plan;
 pub mod runner;
 pub mod runtime_filter;

@@ -966,6 +966,155 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 
+/// A fact table of 200,000 rows in four files, 90 % of them on key 7 (the rest on keys ending in
+/// 9), and a dimension holding keys 0..1,000 once each.
+async fn skewed_tables(dir: &std::path::Path) {
+    let ctx = datafusion::prelude::SessionContext::new();
+    let mut copies: Vec<String> = (0..4)
+        .map(|part| {
+            format!(
+                "COPY (SELECT CASE WHEN value % 10 < 9 THEN 7 ELSE value % 1000 END AS k, \
+                 value AS v FROM generate_series({}, {})) \
+                 TO '{}/fact/part-{part}.parquet' STORED AS PARQUET",
+                part * 50_000,
+                part * 50_000 + 49_999,
+                dir.display()
+            )
+        })
+        .collect();
+    copies.push(format!(
+        "COPY (SELECT value AS k, value * 3 AS w FROM generate_series(0, 999)) \
+         TO '{}/dim/part-0.parquet' STORED AS PARQUET",
+        dir.display()
+    ));
+    for copy in copies {
+        ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    }
+}
+
+/// The input rows of each succeeded task of `stage` in the newest job on `runner`, largest first.
+async fn input_rows_of_stage(runner: &dyn JobRunner, stage: sluice_planner::StageId) -> Vec<u64> {
+    let job = newest_job(runner).await;
+    let mut rows: Vec<u64> = job
+        .attempts
+        .iter()
+        .filter(|a| {
+            a.attempt.task.stage == stage && a.state == sluice_runtime::TaskRecordState::Succeeded
+        })
+        .map(|a| a.metrics.input_rows)
+        .collect();
+    rows.sort_unstable_by(|a, b| b.cmp(a));
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_join_partition_is_split_across_tasks_and_its_retried_tasks_read_the_same_split() {
+    let dir = tempfile::tempdir().unwrap();
+    skewed_tables(dir.path()).await;
+    let settings = [
+        PARTITIONED_JOINS[0],
+        PARTITIONED_JOINS[1],
+        ("sluice.skew_join_min_rows", "1000"),
+    ];
+    let local = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::Local,
+        common::runner(ExecutionMode::Local),
+        &settings,
+    )
+    .await;
+    // The join is the final stage: its tasks stream the job's output.
+    let rows_sql = "SELECT f.v, d.w FROM fact f JOIN dim d ON f.k = d.k";
+    let totals_sql = "SELECT count(*), sum(f.v), sum(d.w) FROM fact f JOIN dim d ON f.k = d.k";
+    let mut expected_rows = formatted(&local, rows_sql).await;
+    expected_rows.sort();
+    assert_eq!(expected_rows.len(), 200_000);
+    let expected_totals = formatted(&local, totals_sql).await;
+
+    // The first attempt of every task of the join's stage fails (set once the graph is known).
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let failing = Arc::new(AtomicUsize::new(usize::MAX));
+    let fail_at = Arc::clone(&failing);
+    let (hook, seen) =
+        counting_hook(move |key| key.attempt == 0 && fail_at.load(Ordering::SeqCst) == key.stage.0);
+    let runner = LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        exchange: sluice_planner::OutputMode::Blocking,
+        worker: WorkerOptions {
+            fault: Some(hook),
+            ..WorkerOptions::default()
+        },
+        ..ClusterOptions::default()
+    });
+    let cluster = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalCluster,
+        Arc::new(runner.clone()),
+        &settings,
+    )
+    .await;
+    let graph = cluster.job_graph(rows_sql).await.unwrap();
+    let [join] = graph.skew_joins() else {
+        panic!("one candidate: {:?}", graph.skew_joins());
+    };
+    assert_eq!(join.stage, graph.final_stage());
+    let probe_input = graph.stage(join.stage).unwrap().inputs[join.probe_input];
+    assert_eq!(graph.stage(probe_input.stage).unwrap().partitions(), 4);
+
+    failing.store(join.stage.0, Ordering::SeqCst);
+    let mut rows = formatted(&cluster, rows_sql).await;
+    rows.sort();
+    assert!(
+        rows == expected_rows,
+        "the split join's rows differ from local mode's"
+    );
+    failing.store(usize::MAX, Ordering::SeqCst);
+    let retried = seen.lock().unwrap().clone();
+    for partition in 0..4 {
+        assert_eq!(
+            retried.get(&(join.stage.0, partition, 1)),
+            Some(&1),
+            "task {partition} ran again: {retried:?}"
+        );
+    }
+    // 180,000 probe rows share one channel; its four producers' pieces went to four tasks, so
+    // no task read more than a quarter of them plus its own channel and the build rows.
+    let split = input_rows_of_stage(&runner, join.stage).await;
+    assert_eq!(split.len(), 4, "{split:?}");
+    assert!(split[0] < 60_000, "input rows per task: {split:?}");
+    assert!(split[3] > 45_000, "input rows per task: {split:?}");
+
+    // An aggregate over the join, and EXPLAIN ANALYZE saying what was split.
+    assert_eq!(formatted(&cluster, totals_sql).await, expected_totals);
+    let outputs = cluster
+        .run_sql(&format!("EXPLAIN ANALYZE {totals_sql}"))
+        .await
+        .unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
+        .unwrap()
+        .to_string();
+    assert_eq!(text.matches("skew split: partition ").count(), 1, "{text}");
+    assert!(
+        text.contains("each reading its build rows too (over 4 times the median partition and 1000 rows), for HashJoinExec Inner on (k@0 = k@0)"),
+        "{text}"
+    );
+
+    // Switched off, one task reads the whole hot channel.
+    cluster
+        .run_sql("SET sluice.skew_join_split = false")
+        .await
+        .unwrap();
+    let mut rows = formatted(&cluster, rows_sql).await;
+    rows.sort();
+    assert!(
+        rows == expected_rows,
+        "the unsplit join's rows differ from local mode's"
+    );
+    let unsplit = input_rows_of_stage(&runner, join.stage).await;
+    assert!(unsplit[0] > 180_000, "input rows per task: {unsplit:?}");
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_exchanges() {
     let runner = LocalClusterRunner::with_options(ClusterOptions {

@@ -27,6 +27,7 @@ pub mod input_keys;
 pub mod partition_reads;
 pub mod rewrites;
 pub mod runtime_filters;
+pub mod skew_joins;
 mod wire_fidelity;
 
 use std::fmt;
@@ -41,6 +42,7 @@ use crate::distribution::DistributionRules;
 pub use crate::ids::StageId;
 use crate::topology::JobTopology;
 pub use runtime_filters::RuntimeFilter;
+pub use skew_joins::SkewJoin;
 
 /// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
 /// stages run as separate tasks, each with its own plan instance:
@@ -282,6 +284,7 @@ pub struct JobGraph {
     schema: SchemaRef,
     topology: JobTopology,
     runtime_filters: Vec<RuntimeFilter>,
+    skew_joins: Vec<SkewJoin>,
 }
 
 impl JobGraph {
@@ -305,18 +308,20 @@ impl JobGraph {
         } else {
             Vec::new()
         };
-        Self::from_parts(stages, schema, filters)
+        let skew_joins = skew_joins::find(&stages);
+        Self::from_parts(stages, schema, filters, skew_joins)
     }
 
     /// Assembles a graph from stages already in topological order (for tests and tools).
     pub fn from_stages(stages: Vec<Stage>, schema: SchemaRef) -> Result<Self> {
-        Self::from_parts(stages, schema, Vec::new())
+        Self::from_parts(stages, schema, Vec::new(), Vec::new())
     }
 
     fn from_parts(
         stages: Vec<Stage>,
         schema: SchemaRef,
         runtime_filters: Vec<RuntimeFilter>,
+        skew_joins: Vec<SkewJoin>,
     ) -> Result<Self> {
         for (index, stage) in stages.iter().enumerate() {
             if let Some(bad) = stage.inputs.iter().find(|i| i.stage.0 >= index) {
@@ -352,6 +357,7 @@ impl JobGraph {
             schema,
             topology,
             runtime_filters,
+            skew_joins,
         })
     }
 
@@ -378,6 +384,12 @@ impl JobGraph {
     /// The runtime filters: which stage's output filters which stage's plan once it finished.
     pub fn runtime_filters(&self) -> &[RuntimeFilter] {
         &self.runtime_filters
+    }
+
+    /// The partitioned joins whose hot partitions the driver may split across tasks once their
+    /// inputs finished (see [`skew_joins`]).
+    pub fn skew_joins(&self) -> &[SkewJoin] {
+        &self.skew_joins
     }
 
     /// The task regions, computed once when the graph was built.

@@ -3,7 +3,8 @@
 //! ```text
 //!   stage s, partition p, attempt a ─► plan: the stage's shipped plan
 //!                                   ─► inputs: task_inputs(graph, shape, s, p) keys (only partition
-//!                                      p of an input the task reads partition-wise), each resolved
+//!                                      p of an input the task reads partition-wise; a split skewed
+//!                                      join's share in place of its own channel), each resolved
 //!                                      to the producer's latest attempt and where it runs
 //!                                   ─► output: the stage's distribution, replicas and output mode
 //! ```
@@ -16,6 +17,7 @@ use sluice_planner::{JobId, TaskAttempt, TaskId};
 
 use super::job::JobEntry;
 use super::placement::Location;
+use super::skew_splits::reassign;
 use crate::definition::{StreamLocator, TaskDefinition, TaskInputStreams};
 use crate::task::task_inputs;
 
@@ -37,7 +39,16 @@ pub(super) fn task_definition(
     let shape = entry.shapes.get(stage_id.0).ok_or_else(|| {
         DataFusionError::Internal(format!("job {job}: stage {stage_id} has no shape"))
     })?;
-    let inputs = task_inputs(graph, shape, stage_id, attempt.task.partition)?
+    let mut inputs = task_inputs(graph, shape, stage_id, attempt.task.partition)?;
+    if let Some(split) = entry.skew_splits.get(&stage_id) {
+        let build_partitions = stage
+            .inputs
+            .get(split.build_input)
+            .and_then(|input| graph.stage(input.stage))
+            .map_or(0, |producer| producer.partitions());
+        reassign(&mut inputs, split, attempt.task.partition, build_partitions)?;
+    }
+    let inputs = inputs
         .into_iter()
         .map(|input| {
             let partitions = input

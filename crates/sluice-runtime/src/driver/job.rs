@@ -68,11 +68,15 @@ pub(super) struct JobEntry {
     pub attempts: super::attempts::AttemptLog,
     /// Stages whose runtime filters were applied (or given up): never again for this job.
     pub filtered_stages: std::collections::BTreeSet<StageId>,
-    /// What became of them, for `EXPLAIN ANALYZE`.
-    pub filter_notes: Vec<super::runtime_filters::FilterNote>,
+    /// What became of them and of the job's skew splits, for `EXPLAIN ANALYZE`.
+    pub stage_notes: Vec<super::StageNote>,
     /// Per source stage of an applied filter, the summary it was built from (a re-run of the
     /// source is checked against it).
     pub applied_summaries: std::collections::HashMap<StageId, crate::runtime_filter::KeySummary>,
+    /// Join stages whose skew split was decided (split or not): never again for this job.
+    pub skew_decided: std::collections::BTreeSet<StageId>,
+    /// The splits decided: every attempt of those stages' tasks reads what they say.
+    pub skew_splits: std::collections::HashMap<StageId, super::skew_splits::SkewSplit>,
 }
 
 impl JobEntry {
@@ -108,8 +112,10 @@ impl JobEntry {
             label,
             attempts: super::attempts::AttemptLog::new(job, record.label.as_deref()),
             filtered_stages: std::collections::BTreeSet::new(),
-            filter_notes: Vec::new(),
+            stage_notes: Vec::new(),
             applied_summaries: std::collections::HashMap::new(),
+            skew_decided: std::collections::BTreeSet::new(),
+            skew_splits: std::collections::HashMap::new(),
             record,
         }
     }

@@ -37,6 +37,7 @@ mod registry;
 mod resume;
 mod runtime_filters;
 mod shipping;
+mod skew_splits;
 mod spans;
 pub mod telemetry;
 #[cfg(test)]
@@ -62,10 +63,19 @@ pub use history::{HISTORY_LIMIT, JobRecord, JobState};
 pub use label::JobLabel;
 pub use progress::{JobProgress, StageProgress, progress_line};
 pub use reconcile::WorkerBeat;
-pub(crate) use runtime_filters::FilterNote;
 
 use output::OutputCommand;
 use placement::Location;
+
+/// What the driver changed in a stage's plan or reads while its job ran (a runtime filter, a
+/// split skewed partition), or why it did not: for the log and `EXPLAIN ANALYZE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StageNote {
+    /// The stage changed.
+    pub target: sluice_planner::StageId,
+    /// One line, starting with what kind of change it is (`runtime filter: `, `skew split: `).
+    pub text: String,
+}
 
 /// How the driver schedules.
 #[derive(Debug, Clone)]

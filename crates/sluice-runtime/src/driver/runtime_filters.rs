@@ -30,6 +30,7 @@ use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use sluice_planner::job_graph::runtime_filters::{node_at, replace_at};
 use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
 
+use super::StageNote;
 use super::job::JobEntry;
 use crate::codec::encode_stage_plan;
 use crate::definition::StagePlan;
@@ -38,18 +39,8 @@ use crate::runtime_filter::KeySummary;
 /// The longest predicate text a note shows.
 const NOTE_PREDICATE_CHARS: usize = 240;
 
-/// What became of one target's filters, for the log (debug: predicates hold key values) and
-/// `EXPLAIN ANALYZE`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FilterNote {
-    /// The filtered stage.
-    pub target: StageId,
-    /// One line: the predicate and where it came from, or why there is none.
-    pub text: String,
-}
-
 /// Filters every target waiting only for `finished` (now complete); see the module docs.
-pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<FilterNote> {
+pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<StageNote> {
     let graph = Arc::clone(&entry.graph);
     let targets: BTreeSet<StageId> = graph
         .runtime_filters()
@@ -81,9 +72,9 @@ pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<Filter
                     entry.applied_summaries.extend(filtered.applied);
                 }
             }
-            Err(e) => notes.push(FilterNote {
+            Err(e) => notes.push(StageNote {
                 target,
-                text: format!("none: the filter could not be applied ({e})"),
+                text: format!("runtime filter: none, the filter could not be applied ({e})"),
             }),
         }
     }
@@ -119,7 +110,7 @@ struct FilteredStage {
     plan: Option<StagePlan>,
     /// Per source stage, the summary its filter was built from.
     applied: Vec<(StageId, KeySummary)>,
-    notes: Vec<FilterNote>,
+    notes: Vec<StageNote>,
 }
 
 /// `target`'s plan with `filters` applied.
@@ -137,10 +128,11 @@ fn filter_stage(
     let mut applied = Vec::new();
     for filter in filters {
         let Some(summary) = merged_summary(entry, filter.source)? else {
-            notes.push(FilterNote {
+            notes.push(StageNote {
                 target,
                 text: format!(
-                    "none from stage {} (a task of it reported no key summary), for {}",
+                    "runtime filter: none from stage {} (a task of it reported no key summary), \
+                     for {}",
                     filter.source, filter.join
                 ),
             });
@@ -148,10 +140,10 @@ fn filter_stage(
         };
         let node = node_at(&stage.plan, &filter.target_path)?;
         let predicate = summary.predicate(&node.schema(), &filter.target_columns)?;
-        notes.push(FilterNote {
+        notes.push(StageNote {
             target,
             text: format!(
-                "{} (from stage {}, for {})",
+                "runtime filter: {} (from stage {}, for {})",
                 shortened(&predicate.to_string()),
                 filter.source,
                 filter.join

@@ -46,9 +46,14 @@ const MACHINE_DEPENDENT: &[&str] = &[
     "datafusion.execution.planning_concurrency",
 ];
 
-/// DataFusion's default value of every setting (this process's; see [`MACHINE_DEPENDENT`]).
+/// DataFusion's default value of every setting, and Sluice's (this process's; see
+/// [`MACHINE_DEPENDENT`]).
 static DEFAULTS: LazyLock<HashMap<String, Option<String>>> = LazyLock::new(|| {
-    ConfigOptions::default()
+    let mut options = ConfigOptions::default();
+    options
+        .extensions
+        .insert(crate::options::SluiceOptions::default());
+    options
         .entries()
         .into_iter()
         .map(|entry| (entry.key, entry.value))
@@ -96,7 +101,8 @@ mod tests {
     #[test]
     fn only_changed_machine_dependent_and_cascaded_settings_are_shipped_and_they_rebuild_the_session()
      {
-        let config = SessionConfig::new()
+        let config = crate::options::with_sluice_options(SessionConfig::new())
+            .set_u64("sluice.skew_join_factor", 6)
             .with_batch_size(1234)
             .set_str("datafusion.execution.time_zone", "Europe/Paris")
             .set_bool("datafusion.optimizer.prefer_hash_join", false)
@@ -122,6 +128,7 @@ mod tests {
                 "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
                 "datafusion.optimizer.enable_topk_dynamic_filter_pushdown",
                 "datafusion.optimizer.prefer_hash_join",
+                "sluice.skew_join_factor",
             ]
         );
         assert_eq!(shipped["datafusion.execution.batch_size"], "1234");

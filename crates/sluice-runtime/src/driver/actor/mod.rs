@@ -439,7 +439,7 @@ impl DriverActor {
                             stage_reports(
                                 &entry.graph,
                                 &entry.succeeded_metrics(),
-                                &entry.filter_notes,
+                                &entry.stage_notes,
                             )
                         } else {
                             Vec::new()

@@ -68,9 +68,11 @@ impl DriverActor {
             } else if state == TaskRecordState::Cancelled {
                 state = TaskRecordState::Failed;
             }
-            // The records keep the counters, not a runtime filter's key summary.
+            // The records keep the counters, not a runtime filter's key summary nor the rows
+            // per channel (what the driver decides by while the job runs).
             let recorded = accepted.clone().map(|mut m| {
                 m.key_summary = Vec::new();
+                m.channel_rows = Vec::new();
                 m
             });
             self.record(Transition::AttemptEnded {
@@ -131,7 +133,7 @@ impl DriverActor {
     }
 
     /// Records a succeeded attempt; once every task of its stage succeeded, the runtime filters
-    /// waiting for it are applied, and what the stage's producers still hold is released (no
+    /// waiting for it are applied and the skew splits of joins reading it decided, and what the stage's producers still hold is released (no
     /// consumer will read it), so they stop waiting. Says why the job must fail if the attempt
     /// re-ran a runtime filter's source and saw keys that filter dropped.
     pub(super) fn task_succeeded(
@@ -154,11 +156,22 @@ impl DriverActor {
                 target: "sluice::runtime_filter",
                 job = job.0,
                 stage = note.target.0,
-                "runtime filter of stage {}: {}",
+                "stage {}: {}",
                 note.target,
                 note.text
             );
-            entry.filter_notes.push(note);
+            entry.stage_notes.push(note);
+        }
+        for note in crate::driver::skew_splits::decide_ready(entry, stage_id) {
+            tracing::info!(
+                target: "sluice::skew_split",
+                job = job.0,
+                stage = note.target.0,
+                "stage {}: {}",
+                note.target,
+                note.text
+            );
+            entry.stage_notes.push(note);
         }
         let Some(stage) = entry.graph.stage(stage_id) else {
             return escaped;

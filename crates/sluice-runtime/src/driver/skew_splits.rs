@@ -1,0 +1,524 @@
+//! The driver's side of skew splits (`sluice_planner::job_graph::skew_joins`): once both inputs of
+//! a partitioned hash join finished (blocking exchanges), the rows their producers wrote to each
+//! channel are known exactly; a probe channel holding far more rows than the median is spread over
+//! several of the join's tasks. Pure code over the job's entry.
+//!
+//! ```text
+//!   probe rows per channel (4 producers q0..q3):   ch0 10   ch1 12   ch2 900   ch3 11
+//!   median 12, factor 4, channel 2 is hot: its producers' pieces, largest first, go to the task
+//!   with the fewest rows so far (task 2 first), over at most ceil(900 / 12) tasks:
+//!     task 2 reads probe (q0,2)            + build channel 2
+//!     task 0 reads probe ch0 + (q1,2)      + build channels 0, 2
+//!     task 3 reads probe ch3 + (q2,2)      + build channels 3, 2     ...
+//! ```
+//!
+//! Invariants: a job decides once per join stage, before any of its tasks is placed (its region
+//! waits for both inputs), and every attempt of every task of that stage reads what was decided
+//! (a retried task, or one run again after a lost worker, reads the same streams, so its rows and
+//! the job output's resume checksum hold); every probe stream is read by exactly one task; a task
+//! reading part of channel `h`'s probe rows reads all of channel `h`'s build rows; anything
+//! missing (a producer task without row counts) leaves the stage as planned and says why.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::common::{DataFusionError, Result};
+use sluice_planner::{InputKey, SkewJoin, StageId, TaskAttempt, TaskId};
+
+use super::StageNote;
+use super::job::JobEntry;
+use crate::options::sluice_options_of;
+use crate::task::TaskInput;
+
+/// When a channel counts as skewed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SkewThreshold {
+    /// Its rows exceed this many times the median channel's ...
+    pub factor: u64,
+    /// ... and this many rows.
+    pub min_rows: u64,
+}
+
+/// What one task of a split join stage reads in place of its own channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TaskShare {
+    /// Probe streams: (producer partition, channel).
+    pub probe: Vec<(usize, usize)>,
+    /// Build channels, each read from every build producer.
+    pub build_channels: Vec<usize>,
+}
+
+/// A join stage's decided split: per task partition, its share (`None`: its own channel, as
+/// planned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SkewSplit {
+    /// The join's build input (index into the stage's inputs).
+    pub build_input: usize,
+    /// Its probe input.
+    pub probe_input: usize,
+    pub shares: Vec<Option<TaskShare>>,
+}
+
+/// One hot channel and where its probe rows went, for the note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SpreadChannel {
+    pub channel: usize,
+    /// Its probe rows.
+    pub rows: u64,
+    /// Its build rows (each extra task reads them again).
+    pub build_rows: u64,
+    /// The tasks that read part of it, with the probe rows of it each reads.
+    pub tasks: Vec<(usize, u64)>,
+}
+
+/// What a build row costs a task, in probe rows: it is read, hashed and inserted into the hash
+/// table (measured: a hash join task builds 2.5 M rows in about the time it probes 4.5 M).
+const BUILD_ROW_COST: u64 = 2;
+
+/// A hot channel is spread only if its busiest task then carries at most this share
+/// (numerator, denominator) of what its one task would: the build rows every extra task reads
+/// again, and the streams it reads from other workers, cost more than the model counts.
+const MIN_GAIN: (u64, u64) = (3, 4);
+
+/// How the probe rows of `probe[q][c]` (producer `q`, channel `c`) are spread over the join's
+/// `probe[q].len()` tasks, given the build rows of each channel (`build[c]`, summed over the build
+/// producers); `None` when no channel is skewed or none was worth splitting (one producer wrote all
+/// of it, or its build rows are so many that reading them again in other tasks costs about what
+/// spreading the probe rows saves).
+///
+/// A task's load is its probe rows plus [`BUILD_ROW_COST`] per build row. A hot channel's pieces
+/// (one per producer), largest first, go to whichever receiver they load least, a receiver other
+/// than the channel's own task paying for the channel's build rows with its first piece; at most
+/// `rows / median` receivers, the least loaded first.
+pub(crate) fn spread(
+    probe: &[Vec<u64>],
+    build: &[u64],
+    threshold: SkewThreshold,
+) -> Option<(Vec<Option<TaskShare>>, Vec<SpreadChannel>)> {
+    let channels = probe.first().map_or(0, Vec::len);
+    if channels < 2 || build.len() != channels || probe.iter().any(|r| r.len() != channels) {
+        return None;
+    }
+    let totals: Vec<u64> = (0..channels)
+        .map(|c| probe.iter().map(|r| r[c]).sum())
+        .collect();
+    let mut sorted = totals.clone();
+    sorted.sort_unstable();
+    let median = sorted[(channels - 1) / 2].max(1);
+    let limit = median
+        .saturating_mul(threshold.factor)
+        .max(threshold.min_rows);
+    let mut hot: Vec<usize> = (0..channels).filter(|c| totals[*c] > limit).collect();
+    hot.sort_by_key(|c| (std::cmp::Reverse(totals[*c]), *c));
+    let hot_set: BTreeSet<usize> = hot.iter().copied().collect();
+    let build_cost = |c: usize| build[c].saturating_mul(BUILD_ROW_COST);
+    // What each task carries so far; a hot channel's task starts with its build rows alone.
+    let mut load: Vec<u64> = (0..channels)
+        .map(|c| {
+            let own = if hot_set.contains(&c) { 0 } else { totals[c] };
+            own.saturating_add(build_cost(c))
+        })
+        .collect();
+    let mut shares: Vec<Option<TaskShare>> = vec![None; channels];
+    let mut spread = Vec::new();
+    for h in hot {
+        let mut pieces: Vec<(usize, u64)> = probe
+            .iter()
+            .enumerate()
+            .map(|(q, r)| (q, r[h]))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let unsplit = load[h].saturating_add(totals[h]);
+        if pieces.len() < 2 {
+            load[h] = unsplit;
+            continue;
+        }
+        pieces.sort_by_key(|(q, n)| (std::cmp::Reverse(*n), *q));
+        let wanted = totals[h].div_ceil(median) as usize;
+        let mut others: Vec<usize> = (0..channels).filter(|c| !hot_set.contains(c)).collect();
+        others.sort_by_key(|c| (load[*c], *c));
+        let receivers: Vec<usize> = std::iter::once(h)
+            .chain(others)
+            .take(wanted.min(pieces.len()).min(channels))
+            .collect();
+        let mut tried = load.clone();
+        let mut got: Vec<Vec<(usize, u64)>> = vec![Vec::new(); receivers.len()];
+        for piece in pieces {
+            let cost = |r: usize| {
+                let reads_build = r == 0 || !got[r].is_empty();
+                let extra = if reads_build { 0 } else { build_cost(h) };
+                tried[receivers[r]]
+                    .saturating_add(piece.1)
+                    .saturating_add(extra)
+            };
+            let Some(r) = (0..receivers.len()).min_by_key(|r| (cost(*r), *r)) else {
+                continue;
+            };
+            tried[receivers[r]] = cost(r);
+            got[r].push(piece);
+        }
+        let busiest = receivers.iter().map(|r| tried[*r]).max().unwrap_or(unsplit);
+        let worth_it = busiest.saturating_mul(MIN_GAIN.1) <= unsplit.saturating_mul(MIN_GAIN.0);
+        if !worth_it || got.iter().filter(|g| !g.is_empty()).count() < 2 {
+            load[h] = unsplit;
+            continue;
+        }
+        load = tried;
+        let mut tasks = Vec::new();
+        for (r, pieces) in receivers.iter().zip(got) {
+            if pieces.is_empty() {
+                continue;
+            }
+            let share = shares[*r].get_or_insert_with(|| TaskShare {
+                probe: if *r == h {
+                    Vec::new()
+                } else {
+                    (0..probe.len()).map(|q| (q, *r)).collect()
+                },
+                build_channels: if *r == h { Vec::new() } else { vec![*r] },
+            });
+            share.probe.extend(pieces.iter().map(|(q, _)| (*q, h)));
+            share.build_channels.push(h);
+            tasks.push((*r, pieces.iter().map(|(_, n)| n).sum()));
+        }
+        spread.push(SpreadChannel {
+            channel: h,
+            rows: totals[h],
+            build_rows: build[h],
+            tasks,
+        });
+    }
+    (!spread.is_empty()).then_some((shares, spread))
+}
+
+/// Decides the split of every join stage whose two inputs are now complete (`finished` is the
+/// last of them); see the module docs.
+pub(super) fn decide_ready(entry: &mut JobEntry, finished: StageId) -> Vec<StageNote> {
+    let graph = Arc::clone(&entry.graph);
+    let mut notes = Vec::new();
+    for join in graph.skew_joins() {
+        let Some(stage) = graph.stage(join.stage) else {
+            continue;
+        };
+        let producers = [join.build_input, join.probe_input]
+            .map(|i| stage.inputs.get(i).map(|input| input.stage));
+        let [Some(build), Some(probe)] = producers else {
+            continue;
+        };
+        if (build != finished && probe != finished)
+            || entry.skew_decided.contains(&join.stage)
+            || !entry.stage_complete(build)
+            || !entry.stage_complete(probe)
+        {
+            continue;
+        }
+        entry.skew_decided.insert(join.stage);
+        match decide(entry, join, build, probe) {
+            Ok(Some((split, note))) => {
+                entry.skew_splits.insert(join.stage, split);
+                notes.push(note);
+            }
+            Ok(None) => {}
+            Err(e) => notes.push(StageNote {
+                target: join.stage,
+                text: format!("skew split: none, {e}"),
+            }),
+        }
+    }
+    notes
+}
+
+/// The rows each task of `stage` (its succeeded attempt) wrote to each channel.
+fn channel_rows(entry: &JobEntry, stage: StageId) -> Result<Vec<Vec<u64>>> {
+    let partitions = entry.graph.stage(stage).map_or(0, |s| s.partitions());
+    (0..partitions)
+        .map(|partition| {
+            let task = TaskId { stage, partition };
+            entry
+                .succeeded
+                .get(&task)
+                .and_then(|attempt| {
+                    entry.metrics.get(&TaskAttempt {
+                        task,
+                        attempt: *attempt,
+                    })
+                })
+                .map(|m| m.channel_rows.clone())
+                .filter(|rows| !rows.is_empty())
+                .ok_or_else(|| {
+                    DataFusionError::Internal(format!("{task} reported no rows per channel"))
+                })
+        })
+        .collect()
+}
+
+fn decide(
+    entry: &JobEntry,
+    join: &SkewJoin,
+    build: StageId,
+    probe: StageId,
+) -> Result<Option<(SkewSplit, StageNote)>> {
+    let options = sluice_options_of(&entry.config)?;
+    if !options.skew_join_split {
+        return Ok(None);
+    }
+    let probe_rows = channel_rows(entry, probe)?;
+    let build_rows = channel_rows(entry, build)?;
+    let channels = probe_rows.first().map_or(0, Vec::len);
+    let build_totals: Vec<u64> = (0..channels)
+        .map(|c| {
+            build_rows
+                .iter()
+                .map(|r| r.get(c).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect();
+    let threshold = SkewThreshold {
+        factor: options.skew_join_factor,
+        min_rows: options.skew_join_min_rows,
+    };
+    let Some((shares, spread)) = spread(&probe_rows, &build_totals, threshold) else {
+        return Ok(None);
+    };
+    let channels: Vec<String> = spread
+        .iter()
+        .map(|c| {
+            let tasks: Vec<String> = c
+                .tasks
+                .iter()
+                .map(|(task, rows)| format!("{task} ({rows})"))
+                .collect();
+            format!(
+                "partition {} ({} probe rows, {} build rows) over tasks {}",
+                c.channel,
+                c.rows,
+                c.build_rows,
+                tasks.join(", ")
+            )
+        })
+        .collect();
+    let note = StageNote {
+        target: join.stage,
+        text: format!(
+            "skew split: {}, each reading its build rows too (over {} times the median partition \
+             and {} rows), for {}",
+            channels.join("; "),
+            threshold.factor,
+            threshold.min_rows,
+            join.join
+        ),
+    };
+    let split = SkewSplit {
+        build_input: join.build_input,
+        probe_input: join.probe_input,
+        shares,
+    };
+    Ok(Some((split, note)))
+}
+
+/// `inputs` (task `partition`'s of a split stage) with its share's streams in place of its own
+/// channel's; `build_partitions` is the build producer's partition count.
+pub(super) fn reassign(
+    inputs: &mut [TaskInput],
+    split: &SkewSplit,
+    partition: usize,
+    build_partitions: usize,
+) -> Result<()> {
+    let Some(Some(share)) = split.shares.get(partition) else {
+        return Ok(());
+    };
+    let key = |partition, channel| InputKey {
+        partition,
+        channel,
+        replica: 0,
+    };
+    let probe: Vec<InputKey> = share.probe.iter().map(|(q, c)| key(*q, *c)).collect();
+    let build: Vec<InputKey> = share
+        .build_channels
+        .iter()
+        .flat_map(|c| (0..build_partitions).map(move |q| key(q, *c)))
+        .collect();
+    for (index, keys) in [(split.probe_input, probe), (split.build_input, build)] {
+        let input = inputs.get_mut(index).ok_or_else(|| {
+            DataFusionError::Internal(format!("a skew split names missing input {index}"))
+        })?;
+        let slot = partition
+            .checked_sub(input.first)
+            .and_then(|k| input.keys.get_mut(k))
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "a skew split's task {partition} does not read partition {partition} of input {index}"
+                ))
+            })?;
+        *slot = keys;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    const LOW: SkewThreshold = SkewThreshold {
+        factor: 4,
+        min_rows: 0,
+    };
+
+    #[test]
+    fn a_hot_channel_is_spread_by_producer_over_the_least_loaded_tasks() {
+        // Four producers, four channels; channel 2 holds 900 rows in pieces of 400, 300, 150, 50.
+        let rows = vec![
+            vec![3, 3, 400, 2],
+            vec![3, 4, 300, 3],
+            vec![2, 3, 150, 3],
+            vec![2, 2, 50, 3],
+        ];
+        let (shares, spread) = spread(&rows, &[0; 4], LOW).unwrap();
+        // Median 11 (channels 10, 12, 11 and 900): all four pieces may go to separate tasks.
+        assert_eq!(
+            spread,
+            [SpreadChannel {
+                channel: 2,
+                rows: 900,
+                build_rows: 0,
+                tasks: vec![(2, 400), (0, 300), (3, 150), (1, 50)],
+            }]
+        );
+        assert_eq!(
+            shares[2],
+            Some(TaskShare {
+                probe: vec![(0, 2)],
+                build_channels: vec![2],
+            })
+        );
+        assert_eq!(
+            shares[0],
+            Some(TaskShare {
+                probe: vec![(0, 0), (1, 0), (2, 0), (3, 0), (1, 2)],
+                build_channels: vec![0, 2],
+            })
+        );
+        // Every probe stream is read by exactly one task.
+        let mut read: Vec<(usize, usize)> = (0..4)
+            .flat_map(|t| match &shares[t] {
+                Some(share) => share.probe.clone(),
+                None => (0..4).map(|q| (q, t)).collect(),
+            })
+            .collect();
+        read.sort_unstable();
+        let every: Vec<(usize, usize)> = (0..4).flat_map(|q| (0..4).map(move |c| (q, c))).collect();
+        assert_eq!(read, every);
+    }
+
+    #[test]
+    fn a_channel_spreads_over_no_more_tasks_than_its_rows_need() {
+        // Channel 0 holds 5 times the median: at most 5 tasks, though 8 producers wrote it.
+        let mut one = vec![5u64; 8];
+        one[0] = 25;
+        let rows = vec![one; 8];
+        let (_, spread) = spread(&rows, &[0; 8], LOW).unwrap();
+        assert_eq!(spread[0].rows, 200);
+        assert_eq!(spread[0].tasks.len(), 5, "{spread:?}");
+        assert_eq!(spread[0].tasks.iter().map(|t| t.1).sum::<u64>(), 200);
+    }
+
+    #[test]
+    fn no_split_below_the_threshold_or_with_one_producer_or_one_channel() {
+        let even = vec![vec![10, 12, 11, 9]; 3];
+        assert_eq!(spread(&even, &[0; 4], LOW), None);
+        // 900 rows is 75 times the median, but under the minimum rows.
+        let hot = vec![vec![4, 4, 450, 4], vec![4, 4, 450, 4]];
+        let high = SkewThreshold {
+            factor: 4,
+            min_rows: 1000,
+        };
+        assert_eq!(spread(&hot, &[0; 4], high), None);
+        assert!(spread(&hot, &[0; 4], LOW).is_some());
+        // One producer wrote the hot channel: nothing to split it by.
+        let single = vec![vec![4, 4, 900, 4], vec![4, 4, 0, 4]];
+        assert_eq!(spread(&single, &[0; 4], LOW), None);
+        assert_eq!(spread(&[vec![900]], &[0], LOW), None);
+        // Producers disagreeing on the channel count: no split rather than a guess.
+        assert_eq!(spread(&[vec![1, 900], vec![1]], &[0; 2], LOW), None);
+        assert_eq!(spread(&hot, &[0; 3], LOW), None);
+    }
+
+    #[test]
+    fn a_hot_channel_whose_build_rows_cost_about_what_spreading_saves_stays_whole() {
+        // Thousands of rows: channel 2's 18,200 probe rows in two pieces, 2,500 build rows in
+        // every channel. A second task would read channel 2's build rows again: its busiest task
+        // would carry 18,750 of the 23,200 one task carries, not enough of a gain.
+        let probe = vec![vec![100, 100, 9_700, 100], vec![150, 150, 8_500, 150]];
+        assert_eq!(spread(&probe, &[2_500; 4], LOW), None);
+        // So many build rows that every piece is cheapest on the channel's own task.
+        assert_eq!(spread(&probe, &[20_000; 4], LOW), None);
+        // Few build rows: the second piece goes to the least loaded other task.
+        let (shares, spread) = spread(&probe, &[100; 4], LOW).unwrap();
+        assert_eq!(
+            spread,
+            [SpreadChannel {
+                channel: 2,
+                rows: 18_200,
+                build_rows: 100,
+                tasks: vec![(2, 9_700), (0, 8_500)],
+            }]
+        );
+        assert_eq!(shares[0].as_ref().unwrap().build_channels, [0, 2]);
+        assert_eq!(shares[1], None);
+    }
+
+    #[test]
+    fn a_share_replaces_the_task_s_own_channel_of_both_inputs() {
+        let split = SkewSplit {
+            build_input: 0,
+            probe_input: 1,
+            shares: vec![
+                Some(TaskShare {
+                    probe: vec![(0, 0), (1, 0), (1, 1)],
+                    build_channels: vec![0, 1],
+                }),
+                None,
+            ],
+        };
+        let own = |stage, channel| TaskInput {
+            stage: StageId(stage),
+            mode: sluice_planner::InputMode::Shuffle,
+            keys: vec![
+                (0..2)
+                    .map(|q| InputKey {
+                        partition: q,
+                        channel,
+                        replica: 0,
+                    })
+                    .collect(),
+            ],
+            first: channel,
+        };
+        let mut inputs = vec![own(0, 0), own(1, 0)];
+        reassign(&mut inputs, &split, 0, 3).unwrap();
+        let pairs = |input: &TaskInput| -> Vec<(usize, usize)> {
+            input.keys[0]
+                .iter()
+                .map(|k| (k.partition, k.channel))
+                .collect()
+        };
+        assert_eq!(pairs(&inputs[1]), [(0, 0), (1, 0), (1, 1)]);
+        assert_eq!(
+            pairs(&inputs[0]),
+            [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+        );
+        // A task without a share reads as planned.
+        let mut untouched = vec![own(0, 1), own(1, 1)];
+        reassign(&mut untouched, &split, 1, 3).unwrap();
+        assert_eq!(untouched, vec![own(0, 1), own(1, 1)]);
+        // A share for a partition the task does not read is an error, not a silent skip.
+        let mut wrong = vec![own(0, 1), own(1, 1)];
+        let error = reassign(&mut wrong, &split, 0, 3).unwrap_err();
+        assert!(
+            error.to_string().contains("does not read partition 0"),
+            "{error}"
+        );
+    }
+}

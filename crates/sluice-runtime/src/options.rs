@@ -1,0 +1,201 @@
+//! Sluice's own session settings, next to DataFusion's: `SET sluice.<name> = <value>`, the
+//! `[session]` table of a config file, `SHOW ALL`. They travel with a job's other settings (a task
+//! definition carries them; the driver decides by them).
+//!
+//! Invariant: every session a job is planned or run in registers [`SluiceOptions`] (through
+//! [`with_sluice_options`]); a setting the job does not carry reads as its default.
+
+use std::any::Any;
+use std::collections::HashMap;
+
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
+use datafusion::common::{Result, config_err};
+use datafusion::prelude::SessionConfig;
+
+/// Adaptive execution's switches (the driver applies them once a stage's inputs finished).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SluiceOptions {
+    /// With blocking exchanges, spread a partition of a partitioned hash join whose probe rows are
+    /// skewed over several tasks, each reading part of its probe rows and all of its build rows.
+    pub skew_join_split: bool,
+    /// A join partition is skewed when its probe rows exceed this many times the median of the
+    /// join's partitions ...
+    pub skew_join_factor: u64,
+    /// ... and this many rows.
+    pub skew_join_min_rows: u64,
+}
+
+impl Default for SluiceOptions {
+    fn default() -> Self {
+        Self {
+            skew_join_split: true,
+            skew_join_factor: 4,
+            skew_join_min_rows: 100_000,
+        }
+    }
+}
+
+/// Every setting: its name (after `sluice.`) and its description.
+const SETTINGS: [(&str, &str); 3] = [
+    (
+        "skew_join_split",
+        "With blocking exchanges, spread a skewed partition of a partitioned hash join (probe rows \
+         over skew_join_factor times the median and skew_join_min_rows) over several tasks",
+    ),
+    (
+        "skew_join_factor",
+        "A join partition is skewed when its probe rows exceed this many times the median",
+    ),
+    (
+        "skew_join_min_rows",
+        "A join partition is skewed only above this many probe rows",
+    ),
+];
+
+impl ExtensionOptions for SluiceOptions {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let number = |value: &str| {
+            value.trim().parse::<u64>().or_else(|_| {
+                config_err!("sluice.{key} takes a whole number of at least 0, not '{value}'")
+            })
+        };
+        match key {
+            "skew_join_split" => {
+                self.skew_join_split = match value.trim().to_ascii_lowercase().as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => return config_err!("sluice.{key} takes true or false, not '{value}'"),
+                }
+            }
+            "skew_join_factor" => self.skew_join_factor = number(value)?.max(1),
+            "skew_join_min_rows" => self.skew_join_min_rows = number(value)?,
+            _ => {
+                let names: Vec<String> = SETTINGS
+                    .iter()
+                    .map(|(n, _)| format!("sluice.{n}"))
+                    .collect();
+                return config_err!(
+                    "there is no setting sluice.{key}; Sluice's settings are {}",
+                    names.join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        let values = [
+            self.skew_join_split.to_string(),
+            self.skew_join_factor.to_string(),
+            self.skew_join_min_rows.to_string(),
+        ];
+        SETTINGS
+            .iter()
+            .zip(values)
+            .map(|((name, description), value)| ConfigEntry {
+                key: format!("sluice.{name}"),
+                value: Some(value),
+                description,
+            })
+            .collect()
+    }
+}
+
+impl ConfigExtension for SluiceOptions {
+    const PREFIX: &'static str = "sluice";
+}
+
+/// `config` with Sluice's settings registered at their defaults.
+pub fn with_sluice_options(config: SessionConfig) -> SessionConfig {
+    if config.options().extensions.get::<SluiceOptions>().is_some() {
+        return config;
+    }
+    config.with_option_extension(SluiceOptions::default())
+}
+
+/// Sluice's settings among a job's shipped `settings` (keys `sluice.<name>`), the rest at their
+/// defaults.
+pub fn sluice_options_of(settings: &HashMap<String, String>) -> Result<SluiceOptions> {
+    let mut options = SluiceOptions::default();
+    for (key, value) in settings {
+        if let Some(name) = key.strip_prefix("sluice.") {
+            options.set(name, value)?;
+        }
+    }
+    Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn settings_are_set_shown_and_read_back_from_shipped_settings() {
+        let mut config = with_sluice_options(SessionConfig::new());
+        config
+            .options_mut()
+            .set("sluice.skew_join_factor", "7")
+            .unwrap();
+        let shipped: HashMap<String, String> = config
+            .options()
+            .entries()
+            .into_iter()
+            .filter(|e| e.key.starts_with("sluice."))
+            .filter_map(|e| Some((e.key, e.value?)))
+            .collect();
+        assert_eq!(
+            shipped.get("sluice.skew_join_factor").map(String::as_str),
+            Some("7")
+        );
+        assert_eq!(shipped.len(), 3, "{shipped:?}");
+        let read = sluice_options_of(&shipped).unwrap();
+        assert_eq!(
+            (
+                read.skew_join_split,
+                read.skew_join_factor,
+                read.skew_join_min_rows
+            ),
+            (true, 7, 100_000)
+        );
+        assert_eq!(
+            sluice_options_of(&HashMap::new()).unwrap().skew_join_factor,
+            4
+        );
+        let bad = HashMap::from([("sluice.skew_join_split".to_string(), "maybe".to_string())]);
+        assert!(sluice_options_of(&bad).is_err());
+        let error = config
+            .options_mut()
+            .set("sluice.no_such_thing", "1")
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("there is no setting sluice.no_such_thing; Sluice's settings are sluice.skew_join_split, "),
+            "{error}"
+        );
+        let error = config
+            .options_mut()
+            .set("sluice.skew_join_factor", "-1")
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("sluice.skew_join_factor takes a whole number"),
+            "{error}"
+        );
+    }
+}
