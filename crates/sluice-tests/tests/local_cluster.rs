@@ -1008,7 +1008,7 @@ async fn input_rows_of_stage(runner: &dyn JobRunner, stage: sluice_planner::Stag
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_skewed_join_partition_is_split_across_tasks_and_its_retried_tasks_read_the_same_split() {
+async fn a_skewed_join_partition_is_split_across_tasks_even_when_their_first_attempts_fail() {
     let dir = tempfile::tempdir().unwrap();
     skewed_tables(dir.path()).await;
     let settings = [

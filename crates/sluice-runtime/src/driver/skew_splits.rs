@@ -71,6 +71,9 @@ pub(crate) struct SpreadChannel {
     pub tasks: Vec<(usize, u64)>,
 }
 
+/// One producer's part of a channel: (producer partition, rows).
+type Piece = (usize, u64);
+
 /// What a build row costs a task, in probe rows: it is read, hashed and inserted into the hash
 /// table (measured: a hash join task builds 2.5 M rows in about the time it probes 4.5 M).
 const BUILD_ROW_COST: u64 = 2;
@@ -122,12 +125,13 @@ pub(crate) fn spread(
     let mut shares: Vec<Option<TaskShare>> = vec![None; channels];
     let mut spread = Vec::new();
     for h in hot {
-        let mut pieces: Vec<(usize, u64)> = probe
+        // A producer that wrote nothing to the channel still has its (empty) stream read, by the
+        // channel's own task: every stream is read by exactly one task whatever a re-run writes.
+        let (mut pieces, empty): (Vec<Piece>, Vec<Piece>) = probe
             .iter()
             .enumerate()
             .map(|(q, r)| (q, r[h]))
-            .filter(|(_, n)| *n > 0)
-            .collect();
+            .partition(|(_, n)| *n > 0);
         let unsplit = load[h].saturating_add(totals[h]);
         if pieces.len() < 2 {
             load[h] = unsplit;
@@ -142,7 +146,7 @@ pub(crate) fn spread(
             .take(wanted.min(pieces.len()).min(channels))
             .collect();
         let mut tried = load.clone();
-        let mut got: Vec<Vec<(usize, u64)>> = vec![Vec::new(); receivers.len()];
+        let mut got: Vec<Vec<Piece>> = vec![Vec::new(); receivers.len()];
         for piece in pieces {
             let cost = |r: usize| {
                 let reads_build = r == 0 || !got[r].is_empty();
@@ -151,9 +155,10 @@ pub(crate) fn spread(
                     .saturating_add(piece.1)
                     .saturating_add(extra)
             };
-            let Some(r) = (0..receivers.len()).min_by_key(|r| (cost(*r), *r)) else {
-                continue;
-            };
+            // Receiver 0 is the channel's own task: there always is one.
+            let r = (0..receivers.len())
+                .min_by_key(|r| (cost(*r), *r))
+                .unwrap_or(0);
             tried[receivers[r]] = cost(r);
             got[r].push(piece);
         }
@@ -164,6 +169,7 @@ pub(crate) fn spread(
             continue;
         }
         load = tried;
+        got[0].extend(empty);
         let mut tasks = Vec::new();
         for (r, pieces) in receivers.iter().zip(got) {
             if pieces.is_empty() {
@@ -189,6 +195,18 @@ pub(crate) fn spread(
         });
     }
     (!spread.is_empty()).then_some((shares, spread))
+}
+
+/// Whether the driver keeps `stage`'s rows per channel: only for the inputs of a join it may split
+/// (a wide stage's counts cost its width times its channels).
+pub(super) fn needs_channel_rows(graph: &sluice_planner::JobGraph, stage: StageId) -> bool {
+    graph.skew_joins().iter().any(|join| {
+        graph.stage(join.stage).is_some_and(|s| {
+            [join.build_input, join.probe_input]
+                .iter()
+                .any(|i| s.inputs.get(*i).is_some_and(|input| input.stage == stage))
+        })
+    })
 }
 
 /// Decides the split of every join stage whose two inputs are now complete (`finished` is the
@@ -228,8 +246,9 @@ pub(super) fn decide_ready(entry: &mut JobEntry, finished: StageId) -> Vec<Stage
     notes
 }
 
-/// The rows each task of `stage` (its succeeded attempt) wrote to each channel.
-fn channel_rows(entry: &JobEntry, stage: StageId) -> Result<Vec<Vec<u64>>> {
+/// The rows each task of `stage` (its succeeded attempt) wrote to each channel, or which task
+/// reported none.
+fn channel_rows(entry: &JobEntry, stage: StageId) -> Result<Vec<Vec<u64>>, String> {
     let partitions = entry.graph.stage(stage).map_or(0, |s| s.partitions());
     (0..partitions)
         .map(|partition| {
@@ -245,9 +264,7 @@ fn channel_rows(entry: &JobEntry, stage: StageId) -> Result<Vec<Vec<u64>>> {
                 })
                 .map(|m| m.channel_rows.clone())
                 .filter(|rows| !rows.is_empty())
-                .ok_or_else(|| {
-                    DataFusionError::Internal(format!("{task} reported no rows per channel"))
-                })
+                .ok_or_else(|| format!("{task} reported no rows per channel"))
         })
         .collect()
 }
@@ -257,8 +274,8 @@ fn decide(
     join: &SkewJoin,
     build: StageId,
     probe: StageId,
-) -> Result<Option<(SkewSplit, StageNote)>> {
-    let options = sluice_options_of(&entry.config)?;
+) -> Result<Option<(SkewSplit, StageNote)>, String> {
+    let options = sluice_options_of(&entry.config).map_err(|e| e.strip_backtrace())?;
     if !options.skew_join_split {
         return Ok(None);
     }
@@ -450,7 +467,11 @@ mod tests {
         // Thousands of rows: channel 2's 18,200 probe rows in two pieces, 2,500 build rows in
         // every channel. A second task would read channel 2's build rows again: its busiest task
         // would carry 18,750 of the 23,200 one task carries, not enough of a gain.
-        let probe = vec![vec![100, 100, 9_700, 100], vec![150, 150, 8_500, 150]];
+        let probe = vec![
+            vec![100, 100, 9_700, 100],
+            vec![150, 150, 8_500, 150],
+            vec![10, 10, 0, 10],
+        ];
         assert_eq!(spread(&probe, &[2_500; 4], LOW), None);
         // So many build rows that every piece is cheapest on the channel's own task.
         assert_eq!(spread(&probe, &[20_000; 4], LOW), None);
@@ -467,6 +488,255 @@ mod tests {
         );
         assert_eq!(shares[0].as_ref().unwrap().build_channels, [0, 2]);
         assert_eq!(shares[1], None);
+        // The producer that wrote nothing to channel 2 still has its stream read, by task 2.
+        assert_eq!(shares[2].as_ref().unwrap().probe, [(0, 2), (2, 2)]);
+    }
+
+    /// A job entry for `select big.b from small join big on small.a = big.a` with blocking
+    /// exchanges and a partitioned join (`small` has 2 partitions, `big` 4, 4 channels), and the
+    /// join's build and probe producer stages.
+    async fn join_entry() -> (JobEntry, SkewJoin, StageId, StageId) {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::datasource::MemTable;
+        use datafusion::prelude::{SessionConfig, SessionContext};
+        use sluice_planner::{JobGraph, JobGraphOptions, JobId, OutputMode};
+
+        let mut config = SessionConfig::new().with_target_partitions(4);
+        for (key, value) in sluice_planner::DISTRIBUTED_SETTINGS.iter().chain(&[
+            (
+                "datafusion.optimizer.hash_join_single_partition_threshold",
+                "0",
+            ),
+            (
+                "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+                "0",
+            ),
+        ]) {
+            config.options_mut().set(key, value).unwrap();
+        }
+        let ctx = SessionContext::new_with_config(config);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Int64, false),
+        ]));
+        for (name, partitions) in [("big", 4), ("small", 2)] {
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(vec![1, 2])),
+                    Arc::new(Int64Array::from(vec![3, 4])),
+                ],
+            )
+            .unwrap();
+            let table =
+                MemTable::try_new(Arc::clone(&schema), vec![vec![batch]; partitions]).unwrap();
+            ctx.register_table(name, Arc::new(table)).unwrap();
+        }
+        let plan = ctx
+            .sql("select big.b from small join big on small.a = big.a")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let options = JobGraphOptions {
+            exchange_mode: OutputMode::Blocking,
+            ..JobGraphOptions::default()
+        };
+        let graph = Arc::new(JobGraph::try_new_with(plan, &options).unwrap());
+        let [join] = graph.skew_joins() else {
+            panic!("one candidate: {:?}", graph.skew_joins());
+        };
+        let join = join.clone();
+        let inputs = &graph.stage(join.stage).unwrap().inputs;
+        let (build, probe) = (
+            inputs[join.build_input].stage,
+            inputs[join.probe_input].stage,
+        );
+        let plans = graph
+            .stages()
+            .iter()
+            .map(|stage| crate::definition::StagePlan::InMemory {
+                plan: Arc::clone(&stage.plan),
+                context: ctx.task_ctx(),
+            })
+            .collect();
+        let shapes = crate::task::StageShape::of_graph(&graph).unwrap();
+        let settings = std::collections::HashMap::from([(
+            "sluice.skew_join_min_rows".to_string(),
+            "0".to_string(),
+        )]);
+        let (output, _) = tokio::sync::mpsc::unbounded_channel();
+        let entry = JobEntry::new(
+            JobId(1),
+            graph,
+            (plans, shapes),
+            Arc::new(settings),
+            None,
+            None,
+            output,
+        );
+        (entry, join, build, probe)
+    }
+
+    /// Places `attempt` of (`stage`, `partition`) on worker `partition % 2 + 1`; with `rows`, it
+    /// succeeds having written those rows per channel.
+    fn run(entry: &mut JobEntry, stage: StageId, partition: usize, attempt: usize, rows: &[u64]) {
+        use super::super::placement::Location;
+        let attempt = TaskAttempt {
+            task: TaskId { stage, partition },
+            attempt,
+        };
+        let worker = sluice_planner::WorkerId(partition as u64 % 2 + 1);
+        entry.place(attempt, Location::Worker(worker));
+        if !rows.is_empty() {
+            let metrics = crate::analyze::TaskMetrics {
+                channel_rows: rows.to_vec(),
+                ..Default::default()
+            };
+            entry.metrics.insert(attempt, metrics);
+            entry.task_succeeded(attempt);
+        }
+    }
+
+    /// The probe and build streams `attempt` of join task `partition` reads, as (producer
+    /// partition, producer attempt, channel).
+    fn reads(
+        entry: &JobEntry,
+        join: &SkewJoin,
+        partition: usize,
+        attempt: usize,
+    ) -> [Vec<(usize, usize, usize)>; 2] {
+        let attempt = TaskAttempt {
+            task: TaskId {
+                stage: join.stage,
+                partition,
+            },
+            attempt,
+        };
+        let definition = super::super::definitions::task_definition(
+            sluice_planner::JobId(1),
+            entry,
+            attempt,
+            &|location| Some(format!("{location:?}")),
+        )
+        .unwrap();
+        [join.probe_input, join.build_input].map(|input| {
+            let streams = &definition.inputs[input].partitions;
+            assert_eq!(streams.len(), 1, "one input partition: its own");
+            streams[0]
+                .iter()
+                .map(|l| {
+                    let key = &l.stream.stream;
+                    (key.partition, key.attempt, key.channel)
+                })
+                .collect()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_split_is_decided_once_and_every_attempt_of_a_task_reads_the_same_streams() {
+        let (mut entry, join, build, probe) = join_entry().await;
+        assert!(needs_channel_rows(&entry.graph, build) && needs_channel_rows(&entry.graph, probe));
+        assert!(!needs_channel_rows(&entry.graph, join.stage));
+        for partition in 0..2 {
+            run(&mut entry, build, partition, 0, &[10, 10, 10, 10]);
+        }
+        // The probe side is not complete: nothing to decide yet.
+        assert_eq!(decide_ready(&mut entry, build), []);
+        for partition in 0..4 {
+            run(&mut entry, probe, partition, 0, &[5, 5, 1000, 5]);
+        }
+        let notes = decide_ready(&mut entry, probe);
+        assert_eq!(
+            notes,
+            [StageNote {
+                target: join.stage,
+                text: format!(
+                    "skew split: partition 2 (4000 probe rows, 20 build rows) over tasks \
+                     2 (1000), 0 (1000), 1 (1000), 3 (1000), each reading its build rows too \
+                     (over 4 times the median partition and 0 rows), for {}",
+                    join.join
+                ),
+            }]
+        );
+        // Task 0 reads its own channel of every probe producer and producer 1's piece of
+        // channel 2, and build channels 0 and 2.
+        run(&mut entry, join.stage, 0, 0, &[]);
+        let first = reads(&entry, &join, 0, 0);
+        assert_eq!(
+            first,
+            [
+                vec![(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (1, 0, 2)],
+                vec![(0, 0, 0), (1, 0, 0), (0, 0, 2), (1, 0, 2)],
+            ]
+        );
+        assert_eq!(reads(&entry, &join, 2, 0)[0], [(0, 0, 2)]);
+        // Its retry reads the same streams.
+        run(&mut entry, join.stage, 0, 1, &[]);
+        assert_eq!(reads(&entry, &join, 0, 1), first);
+        // Probe producer 1 runs again (its output was lost) and writes other counts: the split
+        // stands, and the retried task reads the re-run's streams in the same places.
+        entry.forget_success(TaskId {
+            stage: probe,
+            partition: 1,
+        });
+        run(&mut entry, probe, 1, 1, &[1000, 5, 5, 5]);
+        assert_eq!(decide_ready(&mut entry, probe), []);
+        run(&mut entry, join.stage, 0, 2, &[]);
+        let rerun = reads(&entry, &join, 0, 2);
+        assert_eq!(
+            rerun[0],
+            [(0, 0, 0), (1, 1, 0), (2, 0, 0), (3, 0, 0), (1, 1, 2)]
+        );
+        assert_eq!(rerun[1], first[1]);
+        // Every task took a piece of channel 2 here.
+        assert!(
+            entry.skew_splits[&join.stage]
+                .shares
+                .iter()
+                .all(Option::is_some)
+        );
+
+        // Switched off: no split, no note.
+        let (mut off, _, build, probe) = join_entry().await;
+        Arc::make_mut(&mut off.config).insert("sluice.skew_join_split".into(), "false".into());
+        for partition in 0..2 {
+            run(&mut off, build, partition, 0, &[10, 10, 10, 10]);
+        }
+        for partition in 0..4 {
+            run(&mut off, probe, partition, 0, &[5, 5, 1000, 5]);
+        }
+        assert_eq!(decide_ready(&mut off, probe), []);
+        assert!(off.skew_splits.is_empty());
+        // A producer without row counts: no split, and the note says why.
+        let (mut missing, join, build, probe) = join_entry().await;
+        for partition in 0..2 {
+            run(&mut missing, build, partition, 0, &[10, 10, 10, 10]);
+        }
+        for partition in 0..4 {
+            run(&mut missing, probe, partition, 0, &[5, 5, 1000, 5]);
+        }
+        let task = TaskAttempt {
+            task: TaskId {
+                stage: probe,
+                partition: 3,
+            },
+            attempt: 0,
+        };
+        missing.metrics.get_mut(&task).unwrap().channel_rows.clear();
+        let notes = decide_ready(&mut missing, probe);
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].target, join.stage);
+        assert_eq!(
+            notes[0].text,
+            format!(
+                "skew split: none, {} reported no rows per channel",
+                task.task
+            )
+        );
+        assert!(missing.skew_splits.is_empty());
     }
 
     #[test]

@@ -283,17 +283,22 @@ fn refuse_in_transaction<C: ClientInfo + ?Sized>(client: &C) -> PgWireResult<()>
     ))))
 }
 
-/// Whether `statement` is `SHOW datafusion.…`.
+/// Whether `namespace` holds session settings the session plans (DataFusion's and Sluice's own).
+fn is_session_namespace(namespace: &str) -> bool {
+    namespace.eq_ignore_ascii_case("datafusion") || namespace.eq_ignore_ascii_case("sluice")
+}
+
+/// Whether `statement` is `SHOW datafusion.…` (or `sluice.…`).
 fn shows_a_datafusion_setting(statement: &Statement) -> bool {
     match statement {
         Statement::ShowVariable { variable } => variable
             .first()
-            .is_some_and(|name| name.value.eq_ignore_ascii_case("datafusion")),
+            .is_some_and(|name| is_session_namespace(&name.value)),
         _ => false,
     }
 }
 
-/// Whether `statement` is `SET datafusion.… = …`: planned by the session (so its access decides
+/// Whether `statement` is `SET datafusion.… = …` (or `sluice.…`): planned by the session (so its access decides
 /// whether the user may change it), never answered by datafusion-postgres's `SET` hook, which
 /// would execute it in the context directly.
 fn sets_a_datafusion_setting(statement: &Statement) -> bool {
@@ -301,13 +306,13 @@ fn sets_a_datafusion_setting(statement: &Statement) -> bool {
     match statement {
         Statement::Set(Set::SingleAssignment { variable, .. }) => variable
             .to_string()
-            .to_ascii_lowercase()
-            .starts_with("datafusion."),
+            .split_once('.')
+            .is_some_and(|(namespace, _)| is_session_namespace(namespace)),
         Statement::Set(Set::MultipleAssignments { assignments }) => assignments.iter().any(|a| {
             a.name
                 .to_string()
-                .to_ascii_lowercase()
-                .starts_with("datafusion.")
+                .split_once('.')
+                .is_some_and(|(namespace, _)| is_session_namespace(namespace))
         }),
         _ => false,
     }
@@ -600,4 +605,49 @@ struct Described {
     tag: String,
     /// Its SQL text.
     sql: String,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+
+    use super::*;
+
+    fn statement(sql: &str) -> Statement {
+        Parser::parse_sql(&PostgreSqlDialect {}, sql)
+            .unwrap()
+            .pop()
+            .unwrap()
+    }
+
+    #[test]
+    fn datafusion_and_sluice_settings_are_the_session_s_postgres_variables_are_not() {
+        for sql in [
+            "SET datafusion.execution.batch_size = 10",
+            "SET sluice.skew_join_split = false",
+            "SET SLUICE.skew_join_factor TO 3",
+        ] {
+            assert!(sets_a_datafusion_setting(&statement(sql)), "{sql}");
+        }
+        for sql in [
+            "SHOW datafusion.execution.batch_size",
+            "SHOW sluice.skew_join_split",
+        ] {
+            assert!(shows_a_datafusion_setting(&statement(sql)), "{sql}");
+        }
+        for sql in [
+            "SET search_path = public",
+            "SET sluicer.x = 1",
+            "SHOW search_path",
+        ] {
+            let parsed = statement(sql);
+            assert!(
+                !sets_a_datafusion_setting(&parsed) && !shows_a_datafusion_setting(&parsed),
+                "{sql}"
+            );
+        }
+    }
 }

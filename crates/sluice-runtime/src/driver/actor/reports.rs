@@ -140,9 +140,12 @@ impl DriverActor {
         &mut self,
         job: JobId,
         attempt: TaskAttempt,
-        metrics: crate::analyze::TaskMetrics,
+        mut metrics: crate::analyze::TaskMetrics,
     ) -> Option<String> {
         let entry = self.jobs.get_mut(&job)?;
+        if !crate::driver::skew_splits::needs_channel_rows(&entry.graph, attempt.task.stage) {
+            metrics.channel_rows = Vec::new();
+        }
         entry.metrics.insert(attempt, metrics);
         entry.task_succeeded(attempt);
         let escaped = crate::driver::runtime_filters::rerun_escapes_filter(entry, attempt);
