@@ -940,7 +940,13 @@ impl SluiceConfig {
                     self.session
                         .get(&entry.key)
                         .map(|s| s.source.clone())
-                        .unwrap_or_else(|| "DataFusion default".into())
+                        .unwrap_or_else(|| {
+                            if entry.key.starts_with("sluice.") {
+                                "Sluice default".into()
+                            } else {
+                                "DataFusion default".into()
+                            }
+                        })
                 };
                 let _ = writeln!(out, "{:?} = {:?}  # from {source}", entry.key, value);
             }
