@@ -530,18 +530,26 @@ async fn graphs_with_bad_stage_order_are_refused() {
     assert!(JobGraph::from_stages(stages, template.schema()).is_err());
 }
 
+/// Settings that make every equi-join a partitioned one: no side is broadcast.
+const PARTITIONED_JOINS: [(&str, &str); 2] = [
+    (
+        "datafusion.optimizer.hash_join_single_partition_threshold",
+        "0",
+    ),
+    (
+        "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+        "0",
+    ),
+];
+
+/// The job graph of `sql` with pipelined exchanges (the default) and partitioned joins.
+async fn pipelined_join_graph(sql: &str) -> JobGraph {
+    JobGraph::try_new(plan(&context(&PARTITIONED_JOINS), sql).await).unwrap()
+}
+
 /// The job graph of `sql` with blocking exchanges and partitioned joins.
 async fn blocking_join_graph(sql: &str, runtime_filters: bool) -> JobGraph {
-    let ctx = context(&[
-        (
-            "datafusion.optimizer.hash_join_single_partition_threshold",
-            "0",
-        ),
-        (
-            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
-            "0",
-        ),
-    ]);
+    let ctx = context(&PARTITIONED_JOINS);
     let options = JobGraphOptions {
         exchange_mode: OutputMode::Blocking,
         runtime_filters,
@@ -645,23 +653,8 @@ async fn joins_that_keep_unmatched_probe_rows_or_pipelined_exchanges_get_no_filt
         panic!("one filter: {:?}", g.runtime_filters());
     };
     assert_eq!(filter.source_columns, [1]);
-    let pipelined = JobGraph::try_new(
-        plan(
-            &context(&[
-                (
-                    "datafusion.optimizer.hash_join_single_partition_threshold",
-                    "0",
-                ),
-                (
-                    "datafusion.optimizer.hash_join_single_partition_threshold_rows",
-                    "0",
-                ),
-            ]),
-            "select big.b from small join big on small.a = big.a",
-        )
-        .await,
-    )
-    .unwrap();
+    let pipelined =
+        pipelined_join_graph("select big.b from small join big on small.a = big.a").await;
     assert!(pipelined.runtime_filters().is_empty());
 }
 
@@ -745,22 +738,7 @@ async fn partitioned_joins_over_blocking_inputs_that_decide_each_probe_row_alone
         g.skew_joins()
     );
     // Pipelined inputs have no exact row counts before the join starts.
-    let pipelined = JobGraph::try_new(
-        plan(
-            &context(&[
-                (
-                    "datafusion.optimizer.hash_join_single_partition_threshold",
-                    "0",
-                ),
-                (
-                    "datafusion.optimizer.hash_join_single_partition_threshold_rows",
-                    "0",
-                ),
-            ]),
-            "select big.b from small join big on small.a = big.a",
-        )
-        .await,
-    )
-    .unwrap();
+    let pipelined =
+        pipelined_join_graph("select big.b from small join big on small.a = big.a").await;
     assert!(pipelined.skew_joins().is_empty());
 }

@@ -762,6 +762,19 @@ async fn runtime_filter_session(
     session
 }
 
+/// A local cluster of 2 workers with blocking exchanges whose workers fail attempts by `hook`.
+fn blocking_cluster_failing_by(hook: FaultHook) -> LocalClusterRunner {
+    LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        exchange: sluice_planner::OutputMode::Blocking,
+        worker: WorkerOptions {
+            fault: Some(hook),
+            ..WorkerOptions::default()
+        },
+        ..ClusterOptions::default()
+    })
+}
+
 /// How many runtime filters the job graph of `sql` has.
 async fn runtime_filters_of(session: &SluiceSession, sql: &str) -> usize {
     session
@@ -813,15 +826,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
                 .iter()
                 .any(|s| s.load(Ordering::SeqCst) == key.stage.0)
     });
-    let runner = LocalClusterRunner::with_options(ClusterOptions {
-        workers: 2,
-        exchange: sluice_planner::OutputMode::Blocking,
-        worker: WorkerOptions {
-            fault: Some(hook),
-            ..WorkerOptions::default()
-        },
-        ..ClusterOptions::default()
-    });
+    let runner = blocking_cluster_failing_by(hook);
     let cluster = runtime_filter_session(
         dir.path(),
         ExecutionMode::LocalCluster,
@@ -1037,15 +1042,7 @@ async fn a_skewed_join_partition_is_split_across_tasks_even_when_their_first_att
     let fail_at = Arc::clone(&failing);
     let (hook, seen) =
         counting_hook(move |key| key.attempt == 0 && fail_at.load(Ordering::SeqCst) == key.stage.0);
-    let runner = LocalClusterRunner::with_options(ClusterOptions {
-        workers: 2,
-        exchange: sluice_planner::OutputMode::Blocking,
-        worker: WorkerOptions {
-            fault: Some(hook),
-            ..WorkerOptions::default()
-        },
-        ..ClusterOptions::default()
-    });
+    let runner = blocking_cluster_failing_by(hook);
     let cluster = runtime_filter_session(
         dir.path(),
         ExecutionMode::LocalCluster,

@@ -207,18 +207,17 @@ impl JobEntry {
         }
     }
 
+    /// What `task`'s succeeded attempt reported (`None` if it has not succeeded, or said nothing).
+    pub fn metrics_of_success(&self, task: TaskId) -> Option<&TaskMetrics> {
+        let attempt = *self.succeeded.get(&task)?;
+        self.metrics.get(&TaskAttempt { task, attempt })
+    }
+
     /// What each task's succeeded attempt reported.
     pub fn succeeded_metrics(&self) -> std::collections::HashMap<TaskId, TaskMetrics> {
         self.succeeded
-            .iter()
-            .filter_map(|(task, attempt)| {
-                self.metrics
-                    .get(&TaskAttempt {
-                        task: *task,
-                        attempt: *attempt,
-                    })
-                    .map(|m| (*task, m.clone()))
-            })
+            .keys()
+            .filter_map(|task| self.metrics_of_success(*task).map(|m| (*task, m.clone())))
             .collect()
     }
 }

@@ -210,14 +210,7 @@ fn merged_summary(entry: &JobEntry, source: StageId) -> Result<Option<KeySummary
             partition,
         };
         let bytes = entry
-            .succeeded
-            .get(&task)
-            .and_then(|attempt| {
-                entry.metrics.get(&TaskAttempt {
-                    task,
-                    attempt: *attempt,
-                })
-            })
+            .metrics_of_success(task)
             .map(|m| m.key_summary.as_slice())
             .unwrap_or_default();
         if bytes.is_empty() {

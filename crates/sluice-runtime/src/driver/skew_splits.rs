@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
-use sluice_planner::{InputKey, SkewJoin, StageId, TaskAttempt, TaskId};
+use sluice_planner::{InputKey, SkewJoin, StageId, TaskId};
 
 use super::StageNote;
 use super::job::JobEntry;
@@ -254,14 +254,7 @@ fn channel_rows(entry: &JobEntry, stage: StageId) -> Result<Vec<Vec<u64>>, Strin
         .map(|partition| {
             let task = TaskId { stage, partition };
             entry
-                .succeeded
-                .get(&task)
-                .and_then(|attempt| {
-                    entry.metrics.get(&TaskAttempt {
-                        task,
-                        attempt: *attempt,
-                    })
-                })
+                .metrics_of_success(task)
                 .map(|m| m.channel_rows.clone())
                 .filter(|rows| !rows.is_empty())
                 .ok_or_else(|| format!("{task} reported no rows per channel"))
@@ -375,6 +368,8 @@ pub(super) fn reassign(
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use sluice_planner::TaskAttempt;
 
     use super::*;
 
