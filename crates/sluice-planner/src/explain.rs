@@ -71,7 +71,8 @@ fn runtime_filter_text(graph: &JobGraph, filter: &RuntimeFilter) -> String {
     )
 }
 
-/// The skew split the driver may make of `stage`'s join once its inputs finished, if any.
+/// The skew split (or broadcast switch) the driver may make of `stage`'s join once its inputs
+/// finished, if any.
 fn skew_split_line(graph: &JobGraph, stage: StageId) -> Option<String> {
     let join = graph.skew_joins().iter().find(|j| j.stage == stage)?;
     let producer = |input: usize| {
@@ -80,11 +81,12 @@ fn skew_split_line(graph: &JobGraph, stage: StageId) -> Option<String> {
             .and_then(|s| s.inputs.get(input))
             .map_or_else(|| "?".to_string(), |i| i.stage.to_string())
     };
+    let (build, probe) = (producer(join.build_input), producer(join.probe_input));
     Some(format!(
-        "skew split: once stages {} and {} finished, a partition with skewed probe rows (see \
-         sluice.skew_join_*) may be spread over several tasks, for {}",
-        producer(join.build_input),
-        producer(join.probe_input),
+        "skew split: once stages {build} and {probe} finished, a partition with skewed probe rows \
+         (see sluice.skew_join_*) may be spread over several tasks; or, if stage {build} finishes \
+         small before stage {probe} starts and stage {probe} is a scan read by this join alone (see \
+         sluice.broadcast_join_switch_*), the join may become a broadcast join, for {}",
         join.join
     ))
 }

@@ -23,7 +23,17 @@ pub struct SluiceOptions {
     pub skew_join_factor: u64,
     /// ... and this many rows.
     pub skew_join_min_rows: u64,
+    /// With blocking exchanges, turn a partitioned hash join into a broadcast join when its build
+    /// side finished small before its probe side started: every task of the join reads the whole
+    /// build side and runs the probe side's scan itself, so the probe rows are never shuffled.
+    pub broadcast_join_switch: bool,
+    /// The most bytes a build side may hold for that switch.
+    pub broadcast_join_switch_bytes: u64,
 }
+
+/// The default of `sluice.broadcast_join_switch_bytes`: the distributed planner's static broadcast
+/// threshold (`sluice_planner::DISTRIBUTED_BROADCAST_THRESHOLD`).
+pub const BROADCAST_JOIN_SWITCH_BYTES: u64 = 10 * 1024 * 1024;
 
 impl Default for SluiceOptions {
     fn default() -> Self {
@@ -31,12 +41,14 @@ impl Default for SluiceOptions {
             skew_join_split: true,
             skew_join_factor: 4,
             skew_join_min_rows: 100_000,
+            broadcast_join_switch: true,
+            broadcast_join_switch_bytes: BROADCAST_JOIN_SWITCH_BYTES,
         }
     }
 }
 
 /// Every setting: its name (after `sluice.`) and its description.
-const SETTINGS: [(&str, &str); 3] = [
+const SETTINGS: [(&str, &str); 5] = [
     (
         "skew_join_split",
         "With blocking exchanges, spread a skewed partition of a partitioned hash join (probe rows \
@@ -49,6 +61,16 @@ const SETTINGS: [(&str, &str); 3] = [
     (
         "skew_join_min_rows",
         "A join partition is skewed only above this many probe rows",
+    ),
+    (
+        "broadcast_join_switch",
+        "With blocking exchanges, turn a partitioned hash join into a broadcast join when its \
+         build side finished under broadcast_join_switch_bytes before its probe side started (the \
+         probe side is then scanned by the join's tasks, never shuffled)",
+    ),
+    (
+        "broadcast_join_switch_bytes",
+        "The most bytes a build side may hold for a partitioned hash join to become a broadcast join",
     ),
 ];
 
@@ -71,16 +93,17 @@ impl ExtensionOptions for SluiceOptions {
                 config_err!("sluice.{key} takes a whole number of at least 0, not '{value}'")
             })
         };
+        let flag = |value: &str| match value.trim().to_ascii_lowercase().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => config_err!("sluice.{key} takes true or false, not '{value}'"),
+        };
         match key {
-            "skew_join_split" => {
-                self.skew_join_split = match value.trim().to_ascii_lowercase().as_str() {
-                    "true" => true,
-                    "false" => false,
-                    _ => return config_err!("sluice.{key} takes true or false, not '{value}'"),
-                }
-            }
+            "skew_join_split" => self.skew_join_split = flag(value)?,
             "skew_join_factor" => self.skew_join_factor = number(value)?.max(1),
             "skew_join_min_rows" => self.skew_join_min_rows = number(value)?,
+            "broadcast_join_switch" => self.broadcast_join_switch = flag(value)?,
+            "broadcast_join_switch_bytes" => self.broadcast_join_switch_bytes = number(value)?,
             _ => {
                 let names: Vec<String> = SETTINGS
                     .iter()
@@ -100,6 +123,8 @@ impl ExtensionOptions for SluiceOptions {
             self.skew_join_split.to_string(),
             self.skew_join_factor.to_string(),
             self.skew_join_min_rows.to_string(),
+            self.broadcast_join_switch.to_string(),
+            self.broadcast_join_switch_bytes.to_string(),
         ];
         SETTINGS
             .iter()
@@ -161,7 +186,7 @@ mod tests {
             shipped.get("sluice.skew_join_factor").map(String::as_str),
             Some("7")
         );
-        assert_eq!(shipped.len(), 3, "{shipped:?}");
+        assert_eq!(shipped.len(), 5, "{shipped:?}");
         let read = sluice_options_of(&shipped).unwrap();
         assert_eq!(
             (
@@ -175,8 +200,20 @@ mod tests {
             sluice_options_of(&HashMap::new()).unwrap().skew_join_factor,
             4
         );
+        assert_eq!(
+            (read.broadcast_join_switch, read.broadcast_join_switch_bytes),
+            (true, 10 * 1024 * 1024)
+        );
         let bad = HashMap::from([("sluice.skew_join_split".to_string(), "maybe".to_string())]);
-        assert!(sluice_options_of(&bad).is_err());
+        assert_eq!(
+            sluice_options_of(&bad).unwrap_err().strip_backtrace(),
+            "Invalid or Unsupported Configuration: sluice.skew_join_split takes true or false, not 'maybe'"
+        );
+        let off = HashMap::from([(
+            "sluice.broadcast_join_switch".to_string(),
+            "FALSE".to_string(),
+        )]);
+        assert!(!sluice_options_of(&off).unwrap().broadcast_join_switch);
         let error = config
             .options_mut()
             .set("sluice.no_such_thing", "1")
@@ -187,6 +224,22 @@ mod tests {
                 .contains("there is no setting sluice.no_such_thing; Sluice's settings are sluice.skew_join_split, "),
             "{error}"
         );
+        let error = config
+            .options_mut()
+            .set("sluice.broadcast_join_switch_bytes", "10M")
+            .unwrap_err();
+        assert!(
+            error.to_string().contains(
+                "sluice.broadcast_join_switch_bytes takes a whole number of at least 0, not '10M'"
+            ),
+            "{error}"
+        );
+        config
+            .options_mut()
+            .set("sluice.broadcast_join_switch_bytes", "4096")
+            .unwrap();
+        let ours = config.options().extensions.get::<SluiceOptions>().unwrap();
+        assert_eq!(ours.broadcast_join_switch_bytes, 4096);
         let error = config
             .options_mut()
             .set("sluice.skew_join_factor", "-1")

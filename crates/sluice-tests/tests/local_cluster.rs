@@ -741,6 +741,13 @@ const PARTITIONED_JOINS: [(&str, &str); 2] = [
     ),
 ];
 
+/// Partitioned joins that stay partitioned when their build side finishes small.
+const PARTITIONED_JOINS_KEPT: [(&str, &str); 3] = [
+    PARTITIONED_JOINS[0],
+    PARTITIONED_JOINS[1],
+    ("sluice.broadcast_join_switch", "false"),
+];
+
 async fn runtime_filter_session(
     dir: &std::path::Path,
     mode: ExecutionMode,
@@ -827,11 +834,13 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
                 .any(|s| s.load(Ordering::SeqCst) == key.stage.0)
     });
     let runner = blocking_cluster_failing_by(hook);
+    // The build side finishes small, but the join stays partitioned: the probe scan runs in its
+    // own stage.
     let cluster = runtime_filter_session(
         dir.path(),
         ExecutionMode::LocalCluster,
         Arc::new(runner.clone()),
-        &PARTITIONED_JOINS,
+        &PARTITIONED_JOINS_KEPT,
     )
     .await;
     // The join's build side (the dim scan) filters its probe side's producer (the fact scan).
@@ -972,14 +981,15 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
 }
 
 /// A fact table of 200,000 rows in four files, 90 % of them on key 7 (the rest on keys ending in
-/// 9), and a dimension holding keys 0..1,000 once each.
+/// 9), and a dimension holding keys 0..1,000 once each. No column is written in order (a Parquet
+/// file whose rows are sorted is scanned on the driver: the wire drops a scan's order).
 async fn skewed_tables(dir: &std::path::Path) {
     let ctx = datafusion::prelude::SessionContext::new();
     let mut copies: Vec<String> = (0..4)
         .map(|part| {
             format!(
                 "COPY (SELECT CASE WHEN value % 10 < 9 THEN 7 ELSE value % 1000 END AS k, \
-                 value AS v FROM generate_series({}, {})) \
+                 (value * 7919) % 200000 AS v FROM generate_series({}, {})) \
                  TO '{}/fact/part-{part}.parquet' STORED AS PARQUET",
                 part * 50_000,
                 part * 50_000 + 49_999,
@@ -988,8 +998,8 @@ async fn skewed_tables(dir: &std::path::Path) {
         })
         .collect();
     copies.push(format!(
-        "COPY (SELECT value AS k, value * 3 AS w FROM generate_series(0, 999)) \
-         TO '{}/dim/part-0.parquet' STORED AS PARQUET",
+        "COPY (SELECT (value * 7) % 1000 AS k, (value * 7) % 1000 * 3 AS w \
+         FROM generate_series(0, 999)) TO '{}/dim/part-0.parquet' STORED AS PARQUET",
         dir.display()
     ));
     for copy in copies {
@@ -1012,84 +1022,158 @@ async fn input_rows_of_stage(runner: &dyn JobRunner, stage: sluice_planner::Stag
     rows
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_skewed_join_partition_is_split_across_tasks_even_when_their_first_attempts_fail() {
-    let dir = tempfile::tempdir().unwrap();
-    skewed_tables(dir.path()).await;
-    let settings = [
-        PARTITIONED_JOINS[0],
-        PARTITIONED_JOINS[1],
-        ("sluice.skew_join_min_rows", "1000"),
-    ];
-    let local = runtime_filter_session(
-        dir.path(),
-        ExecutionMode::Local,
-        common::runner(ExecutionMode::Local),
-        &settings,
-    )
-    .await;
-    // The join is the final stage: its tasks stream the job's output.
-    let rows_sql = "SELECT f.v, d.w FROM fact f JOIN dim d ON f.k = d.k";
-    let totals_sql = "SELECT count(*), sum(f.v), sum(d.w) FROM fact f JOIN dim d ON f.k = d.k";
-    let mut expected_rows = formatted(&local, rows_sql).await;
-    expected_rows.sort();
-    assert_eq!(expected_rows.len(), 200_000);
-    let expected_totals = formatted(&local, totals_sql).await;
+/// The join of the skewed tables, whose stage is the final one (its tasks stream the job's output).
+const SKEWED_ROWS_SQL: &str = "SELECT f.v, d.w FROM fact f JOIN dim d ON f.k = d.k";
+/// An aggregate over that join.
+const SKEWED_TOTALS_SQL: &str =
+    "SELECT count(*), sum(f.v), sum(d.w) FROM fact f JOIN dim d ON f.k = d.k";
 
-    // The first attempt of every task of the join's stage fails (set once the graph is known).
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let failing = Arc::new(AtomicUsize::new(usize::MAX));
-    let fail_at = Arc::clone(&failing);
-    let (hook, seen) =
-        counting_hook(move |key| key.attempt == 0 && fail_at.load(Ordering::SeqCst) == key.stage.0);
-    let runner = blocking_cluster_failing_by(hook);
-    let cluster = runtime_filter_session(
-        dir.path(),
-        ExecutionMode::LocalCluster,
-        Arc::new(runner.clone()),
-        &settings,
-    )
-    .await;
-    let graph = cluster.job_graph(rows_sql).await.unwrap();
-    let [join] = graph.skew_joins() else {
-        panic!("one candidate: {:?}", graph.skew_joins());
-    };
-    assert_eq!(join.stage, graph.final_stage());
-    let probe_input = graph.stage(join.stage).unwrap().inputs[join.probe_input];
-    assert_eq!(graph.stage(probe_input.stage).unwrap().partitions(), 4);
+/// The skewed tables, local mode's answers over them, and a blocking cluster of 2 whose workers
+/// fail the first attempt of every task of the stage `fail_stage` holds (none until it is set).
+struct SkewedJoinFixture {
+    _dir: tempfile::TempDir,
+    /// Local mode's rows of `SKEWED_ROWS_SQL`, sorted.
+    expected_rows: Vec<Vec<String>>,
+    /// Local mode's answer to `SKEWED_TOTALS_SQL`.
+    expected_totals: Vec<Vec<String>>,
+    fail_stage: Arc<std::sync::atomic::AtomicUsize>,
+    seen: Attempts,
+    runner: LocalClusterRunner,
+    cluster: SluiceSession,
+}
 
-    failing.store(join.stage.0, Ordering::SeqCst);
-    let mut rows = formatted(&cluster, rows_sql).await;
-    rows.sort();
-    assert!(
-        rows == expected_rows,
-        "the split join's rows differ from local mode's"
-    );
-    failing.store(usize::MAX, Ordering::SeqCst);
-    let retried = seen.lock().unwrap().clone();
-    for partition in 0..4 {
-        assert_eq!(
-            retried.get(&(join.stage.0, partition, 1)),
-            Some(&1),
-            "task {partition} ran again: {retried:?}"
+impl SkewedJoinFixture {
+    async fn new(settings: &[(&str, &str)]) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        skewed_tables(dir.path()).await;
+        let local = runtime_filter_session(
+            dir.path(),
+            ExecutionMode::Local,
+            common::runner(ExecutionMode::Local),
+            settings,
+        )
+        .await;
+        let mut expected_rows = formatted(&local, SKEWED_ROWS_SQL).await;
+        expected_rows.sort();
+        assert_eq!(expected_rows.len(), 200_000);
+        let expected_totals = formatted(&local, SKEWED_TOTALS_SQL).await;
+        let fail_stage = Arc::new(AtomicUsize::new(usize::MAX));
+        let fail_at = Arc::clone(&fail_stage);
+        let (hook, seen) = counting_hook(move |key| {
+            key.attempt == 0 && fail_at.load(Ordering::SeqCst) == key.stage.0
+        });
+        let runner = blocking_cluster_failing_by(hook);
+        let cluster = runtime_filter_session(
+            dir.path(),
+            ExecutionMode::LocalCluster,
+            Arc::new(runner.clone()),
+            settings,
+        )
+        .await;
+        Self {
+            _dir: dir,
+            expected_rows,
+            expected_totals,
+            fail_stage,
+            seen,
+            runner,
+            cluster,
+        }
+    }
+
+    /// The one join of `sql`, with its build and probe producer stages.
+    async fn join_of(&self, sql: &str) -> (sluice_planner::SkewJoin, StageIdPair) {
+        let graph = self.cluster.job_graph(sql).await.unwrap();
+        let [join] = graph.skew_joins() else {
+            panic!("one candidate: {:?}", graph.skew_joins());
+        };
+        let inputs = &graph.stage(join.stage).unwrap().inputs;
+        let stages = (
+            inputs[join.build_input].stage,
+            inputs[join.probe_input].stage,
+        );
+        (join.clone(), stages)
+    }
+
+    /// Runs `SKEWED_ROWS_SQL` with the first attempt of every task of `stage` failing, checks
+    /// its rows against local mode's and that each of the stage's 4 tasks ran twice.
+    async fn rows_right_when_first_attempts_of(&self, stage: sluice_planner::StageId) {
+        use std::sync::atomic::Ordering;
+        self.fail_stage.store(stage.0, Ordering::SeqCst);
+        let mut rows = formatted(&self.cluster, SKEWED_ROWS_SQL).await;
+        rows.sort();
+        self.fail_stage.store(usize::MAX, Ordering::SeqCst);
+        assert!(
+            rows == self.expected_rows,
+            "the join's rows differ from local mode's"
+        );
+        let retried = self.seen.lock().unwrap().clone();
+        for partition in 0..4 {
+            assert_eq!(
+                retried.get(&(stage.0, partition, 1)),
+                Some(&1),
+                "task {partition} ran again: {retried:?}"
+            );
+        }
+    }
+
+    /// The rows of `SKEWED_ROWS_SQL` now equal local mode's.
+    async fn assert_rows_right(&self) {
+        let mut rows = formatted(&self.cluster, SKEWED_ROWS_SQL).await;
+        rows.sort();
+        assert!(
+            rows == self.expected_rows,
+            "the join's rows differ from local mode's"
         );
     }
+
+    /// `EXPLAIN ANALYZE` of `SKEWED_TOTALS_SQL`, rendered, after checking its answer.
+    async fn analyzed_totals(&self) -> String {
+        assert_eq!(
+            formatted(&self.cluster, SKEWED_TOTALS_SQL).await,
+            self.expected_totals
+        );
+        let outputs = self
+            .cluster
+            .run_sql(&format!("EXPLAIN ANALYZE {SKEWED_TOTALS_SQL}"))
+            .await
+            .unwrap();
+        arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
+            .unwrap()
+            .to_string()
+    }
+}
+
+/// A join's (build, probe) producer stages.
+type StageIdPair = (sluice_planner::StageId, sluice_planner::StageId);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_join_partition_is_split_across_tasks_even_when_their_first_attempts_fail() {
+    // The build side (1,000 rows) would be broadcast: the join stays partitioned here.
+    let settings = [
+        PARTITIONED_JOINS_KEPT[0],
+        PARTITIONED_JOINS_KEPT[1],
+        PARTITIONED_JOINS_KEPT[2],
+        ("sluice.skew_join_min_rows", "1000"),
+    ];
+    let fixture = SkewedJoinFixture::new(&settings).await;
+    let (join, (_, probe)) = fixture.join_of(SKEWED_ROWS_SQL).await;
+    let graph = fixture.cluster.job_graph(SKEWED_ROWS_SQL).await.unwrap();
+    assert_eq!(join.stage, graph.final_stage());
+    assert_eq!(graph.stage(probe).unwrap().partitions(), 4);
+
+    fixture.rows_right_when_first_attempts_of(join.stage).await;
     // 180,000 probe rows share one channel; its four producers' pieces went to four tasks, so
     // no task read more than a quarter of them plus its own channel and the build rows.
-    let split = input_rows_of_stage(&runner, join.stage).await;
+    let runner = &fixture.runner;
+    let split = input_rows_of_stage(runner, join.stage).await;
     assert_eq!(split.len(), 4, "{split:?}");
     assert!(split[0] < 60_000, "input rows per task: {split:?}");
     assert!(split[3] > 45_000, "input rows per task: {split:?}");
 
     // An aggregate over the join, and EXPLAIN ANALYZE saying what was split.
-    assert_eq!(formatted(&cluster, totals_sql).await, expected_totals);
-    let outputs = cluster
-        .run_sql(&format!("EXPLAIN ANALYZE {totals_sql}"))
-        .await
-        .unwrap();
-    let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
-        .unwrap()
-        .to_string();
+    let text = fixture.analyzed_totals().await;
     assert_eq!(text.matches("skew split: partition ").count(), 1, "{text}");
     assert!(
         text.contains("each reading its build rows too (over 4 times the median partition and 1000 rows), for HashJoinExec Inner on (k@0 = k@0)"),
@@ -1097,19 +1181,79 @@ async fn a_skewed_join_partition_is_split_across_tasks_even_when_their_first_att
     );
 
     // Switched off, one task reads the whole hot channel.
-    cluster
+    fixture
+        .cluster
         .run_sql("SET sluice.skew_join_split = false")
         .await
         .unwrap();
-    let mut rows = formatted(&cluster, rows_sql).await;
-    rows.sort();
-    assert!(
-        rows == expected_rows,
-        "the unsplit join's rows differ from local mode's"
-    );
-    let unsplit = input_rows_of_stage(&runner, join.stage).await;
+    fixture.assert_rows_right().await;
+    let unsplit = input_rows_of_stage(runner, join.stage).await;
     assert!(unsplit[0] > 180_000, "input rows per task: {unsplit:?}");
-    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+    assert!(wait_idle(runner, Duration::from_secs(2)).await.is_idle());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_join_whose_build_side_finished_small_becomes_a_broadcast_join_even_when_its_first_attempts_fail()
+ {
+    let fixture = SkewedJoinFixture::new(&PARTITIONED_JOINS).await;
+    let runner = &fixture.runner;
+    let (join, (build, probe)) = fixture.join_of(SKEWED_ROWS_SQL).await;
+    // The dim scan is the build side; its keys filter the fact scan, which waits for it.
+    let graph = fixture.cluster.job_graph(SKEWED_ROWS_SQL).await.unwrap();
+    assert_eq!(graph.runtime_filters().len(), 1);
+    assert_eq!(graph.runtime_filters()[0].target, probe);
+    assert_eq!(graph.stage(probe).unwrap().partitions(), 4);
+
+    fixture.rows_right_when_first_attempts_of(join.stage).await;
+    // The probe rows were never shuffled: the fact scan's stage wrote nothing, and the join's
+    // tasks scanned the fact table and read the 1,000 build rows each.
+    let job = newest_job(runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    let (producer, joined) = (&summaries[probe.0].totals, &summaries[join.stage.0].totals);
+    assert_eq!((producer.rows, producer.scanned_rows), (0, 0));
+    assert_eq!(joined.scanned_rows, 200_000);
+    assert_eq!(joined.input_rows, 4 * 1000);
+    assert_eq!(summaries[build.0].totals.rows, 1000);
+
+    // An aggregate over the join, and EXPLAIN ANALYZE saying what was switched.
+    let text = fixture.analyzed_totals().await;
+    assert_eq!(text.matches("broadcast switch: ").count(), 1, "{text}");
+    // The probe side's runtime filter went with its scan into the join's tasks (the probe stage's
+    // own plan is empty).
+    assert!(
+        text.contains("FilterExec: k@0 >= 0 AND k@0 <= 999, metrics="),
+        "{text}"
+    );
+    assert!(text.contains("EmptyExec"), "{text}");
+    let (join, (build, probe)) = fixture.join_of(SKEWED_TOTALS_SQL).await;
+    assert!(
+        text.contains(&format!(
+            "broadcast switch: stage {build} finished with 1000 rows ("
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "bytes, at most 10485760 may be broadcast); every task reads all of it and runs stage \
+             {probe}'s plan in place of reading its shuffled rows, for HashJoinExec Inner on \
+             (k@0 = k@0) in stage {}",
+            join.stage
+        )),
+        "{text}"
+    );
+
+    // Switched off, the fact rows go through the shuffle.
+    fixture
+        .cluster
+        .run_sql("SET sluice.broadcast_join_switch = false")
+        .await
+        .unwrap();
+    fixture.assert_rows_right().await;
+    let job = newest_job(runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    let (_, (_, probe)) = fixture.join_of(SKEWED_ROWS_SQL).await;
+    assert_eq!(summaries[probe.0].totals.rows, 200_000);
+    assert!(wait_idle(runner, Duration::from_secs(2)).await.is_idle());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,8 @@
 //!   stage s, partition p, attempt a ─► plan: the stage's shipped plan
 //!                                   ─► inputs: task_inputs(graph, shape, s, p) keys (only partition
 //!                                      p of an input the task reads partition-wise; a split skewed
-//!                                      join's share in place of its own channel), each resolved
+//!                                      join's share in place of its own channel; a switched
+//!                                      join's whole build side and no probe stream), each resolved
 //!                                      to the producer's latest attempt and where it runs
 //!                                   ─► output: the stage's distribution, replicas and output mode
 //! ```
@@ -15,6 +16,7 @@
 use datafusion::common::{DataFusionError, Result};
 use sluice_planner::{JobId, TaskAttempt, TaskId};
 
+use super::broadcast_switch;
 use super::job::JobEntry;
 use super::placement::Location;
 use super::skew_splits::reassign;
@@ -47,6 +49,19 @@ pub(super) fn task_definition(
             .and_then(|input| graph.stage(input.stage))
             .map_or(0, |producer| producer.partitions());
         reassign(&mut inputs, split, attempt.task.partition, build_partitions)?;
+    }
+    if let Some(switch) = entry.broadcast_switches.get(&stage_id) {
+        let build = stage
+            .inputs
+            .get(switch.build_input)
+            .and_then(|input| graph.stage(input.stage))
+            .map(|producer| (producer.partitions(), producer.distribution.channels()))
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "job {job}: stage {stage_id}'s broadcast switch names a missing build input"
+                ))
+            })?;
+        broadcast_switch::reassign(&mut inputs, switch, attempt.task.partition, build)?;
     }
     let inputs = inputs
         .into_iter()

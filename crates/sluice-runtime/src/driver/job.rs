@@ -10,6 +10,7 @@
 use datafusion::common::HashMap;
 use std::sync::Arc;
 
+use datafusion::physical_plan::ExecutionPlan;
 use sluice_planner::{JobGraph, StageId, TaskAttempt, TaskId};
 use tokio::sync::mpsc;
 
@@ -77,6 +78,14 @@ pub(super) struct JobEntry {
     pub skew_decided: std::collections::BTreeSet<StageId>,
     /// The splits decided: every attempt of those stages' tasks reads what they say.
     pub skew_splits: std::collections::HashMap<StageId, super::skew_splits::SkewSplit>,
+    /// Join stages whose broadcast switch was decided (switched or not): never again for this job.
+    pub switch_decided: std::collections::BTreeSet<StageId>,
+    /// The switches made: every attempt of those stages' tasks reads what they say.
+    pub broadcast_switches:
+        std::collections::HashMap<StageId, super::broadcast_switch::BroadcastSwitch>,
+    /// The stage plans a runtime filter or an adaptive switch rewrote, unencoded (what `plans`
+    /// holds for them, encoded), so a later rewrite starts from them.
+    pub rewritten: std::collections::HashMap<StageId, Arc<dyn ExecutionPlan>>,
 }
 
 impl JobEntry {
@@ -116,6 +125,9 @@ impl JobEntry {
             applied_summaries: std::collections::HashMap::new(),
             skew_decided: std::collections::BTreeSet::new(),
             skew_splits: std::collections::HashMap::new(),
+            switch_decided: std::collections::BTreeSet::new(),
+            broadcast_switches: std::collections::HashMap::new(),
+            rewritten: std::collections::HashMap::new(),
             record,
         }
     }
@@ -205,6 +217,59 @@ impl JobEntry {
             (Some(s), Some(done)) => *done == s.partitions(),
             _ => false,
         }
+    }
+
+    /// The plan `stage`'s tasks run now, unencoded: the job graph's, or what rewrote it.
+    pub fn stage_plan(&self, stage: StageId) -> Option<Arc<dyn ExecutionPlan>> {
+        match self.rewritten.get(&stage) {
+            Some(plan) => Some(Arc::clone(plan)),
+            None => self.graph.stage(stage).map(|s| Arc::clone(&s.plan)),
+        }
+    }
+
+    /// `plan` becomes what `stage`'s tasks run (encoded for workers, or in memory for a stage on
+    /// the driver's own executor, with its context).
+    pub fn rewrite_stage(
+        &mut self,
+        stage: StageId,
+        plan: Arc<dyn ExecutionPlan>,
+    ) -> datafusion::common::Result<()> {
+        let shipped = self.shipped_form(stage, &plan)?;
+        self.install(stage, plan, shipped);
+        Ok(())
+    }
+
+    /// What `stage`'s tasks would be sent to run `plan`: encoded for workers, or in memory for a
+    /// stage on the driver's own executor, with its context. Changes nothing.
+    pub fn shipped_form(
+        &self,
+        stage: StageId,
+        plan: &Arc<dyn ExecutionPlan>,
+    ) -> datafusion::common::Result<StagePlan> {
+        match self.plans.get(stage.0) {
+            Some(StagePlan::InMemory { context, .. }) => Ok(StagePlan::InMemory {
+                plan: Arc::clone(plan),
+                context: Arc::clone(context),
+            }),
+            Some(_) => crate::codec::encode_stage_plan(Arc::clone(plan)).map(StagePlan::Encoded),
+            None => Err(datafusion::common::DataFusionError::Internal(format!(
+                "stage {stage} was not shipped"
+            ))),
+        }
+    }
+
+    /// `plan`, sent as `shipped` (its [`JobEntry::shipped_form`]), becomes what `stage`'s tasks
+    /// run.
+    pub fn install(&mut self, stage: StageId, plan: Arc<dyn ExecutionPlan>, shipped: StagePlan) {
+        if let Some(slot) = self.plans.get_mut(stage.0) {
+            *slot = shipped;
+        }
+        self.rewritten.insert(stage, plan);
+    }
+
+    /// Whether `stage`'s tasks run on the driver's own executor (from memory).
+    pub fn runs_on_driver(&self, stage: StageId) -> bool {
+        matches!(self.plans.get(stage.0), Some(StagePlan::InMemory { .. }))
     }
 
     /// What `task`'s succeeded attempt reported (`None` if it has not succeeded, or said nothing).

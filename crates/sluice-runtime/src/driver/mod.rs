@@ -24,6 +24,7 @@
 
 mod actor;
 mod attempts;
+mod broadcast_switch;
 mod definitions;
 mod history;
 mod job;

@@ -7,7 +7,7 @@
 //!   source stage complete ─► every filter of a target whose sources are all complete:
 //!       KeySummary::merge(the succeeded attempts' summaries) ─► predicate over the probe keys
 //!       ─► FilterExec on top of the node at the filter's path, pushed down within that subtree
-//!          (FilterPushdown) ─► entry.plans[target] (encoded once)
+//!          (FilterPushdown) ─► entry.plans[target] (encoded once; unencoded in entry.rewritten)
 //! ```
 //!
 //! Invariants: a target's plan is filtered at most once per job (a source run again after a lost
@@ -32,8 +32,6 @@ use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
 
 use super::StageNote;
 use super::job::JobEntry;
-use crate::codec::encode_stage_plan;
-use crate::definition::StagePlan;
 use crate::runtime_filter::KeySummary;
 
 /// The longest predicate text a note shows.
@@ -65,11 +63,16 @@ pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<StageN
         match filter_stage(entry, target, &filters) {
             Ok(filtered) => {
                 notes.extend(filtered.notes);
-                if let Some(plan) = filtered.plan
-                    && let Some(slot) = entry.plans.get_mut(target.0)
-                {
-                    *slot = plan;
-                    entry.applied_summaries.extend(filtered.applied);
+                if let Some(plan) = filtered.plan {
+                    match entry.rewrite_stage(target, plan) {
+                        Ok(()) => entry.applied_summaries.extend(filtered.applied),
+                        Err(e) => notes.push(StageNote {
+                            target,
+                            text: format!(
+                                "runtime filter: none, the filtered plan could not be encoded ({e})"
+                            ),
+                        }),
+                    }
                 }
             }
             Err(e) => notes.push(StageNote {
@@ -107,7 +110,7 @@ pub(super) fn rerun_escapes_filter(entry: &JobEntry, attempt: TaskAttempt) -> Op
 /// What filtering one target stage made.
 struct FilteredStage {
     /// The plan its tasks run, `None` if no filter could be built.
-    plan: Option<StagePlan>,
+    plan: Option<Arc<dyn ExecutionPlan>>,
     /// Per source stage, the summary its filter was built from.
     applied: Vec<(StageId, KeySummary)>,
     notes: Vec<StageNote>,
@@ -162,7 +165,12 @@ fn filter_stage(
     // Deepest first: a filter put on top of a node does not move the nodes below it.
     built.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
     let config = crate::definition::session_config_of(&entry.config)?;
-    let mut plan = Arc::clone(&stage.plan);
+    // The plan as the job runs it now: a broadcast switch may have put its probe side's plan in
+    // place of a `StageInputExec`. The nodes above keep their paths, so a path still leads to the
+    // node it was computed for (or to the root of that probe plan, which then gets the filter).
+    let mut plan = entry
+        .stage_plan(target)
+        .unwrap_or_else(|| Arc::clone(&stage.plan));
     for (path, predicate) in built {
         plan = replace_at(plan, &path, &mut |node| {
             let filtered: Arc<dyn ExecutionPlan> =
@@ -178,13 +186,6 @@ fn filter_stage(
             }
         })?;
     }
-    let plan = match entry.plans.get(target.0) {
-        Some(StagePlan::InMemory { context, .. }) => StagePlan::InMemory {
-            plan,
-            context: Arc::clone(context),
-        },
-        _ => StagePlan::Encoded(encode_stage_plan(plan)?),
-    };
     Ok(FilteredStage {
         plan: Some(plan),
         applied,

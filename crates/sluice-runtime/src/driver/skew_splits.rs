@@ -76,7 +76,7 @@ type Piece = (usize, u64);
 
 /// What a build row costs a task, in probe rows: it is read, hashed and inserted into the hash
 /// table (measured: a hash join task builds 2.5 M rows in about the time it probes 4.5 M).
-const BUILD_ROW_COST: u64 = 2;
+pub(super) const BUILD_ROW_COST: u64 = 2;
 
 /// A hot channel is spread only if its busiest task then carries at most this share
 /// (numerator, denominator) of what its one task would: the build rows every extra task reads
@@ -215,12 +215,7 @@ pub(super) fn decide_ready(entry: &mut JobEntry, finished: StageId) -> Vec<Stage
     let graph = Arc::clone(&entry.graph);
     let mut notes = Vec::new();
     for join in graph.skew_joins() {
-        let Some(stage) = graph.stage(join.stage) else {
-            continue;
-        };
-        let producers = [join.build_input, join.probe_input]
-            .map(|i| stage.inputs.get(i).map(|input| input.stage));
-        let [Some(build), Some(probe)] = producers else {
+        let Some((build, probe)) = producers(&graph, join) else {
             continue;
         };
         if (build != finished && probe != finished)
@@ -244,6 +239,18 @@ pub(super) fn decide_ready(entry: &mut JobEntry, finished: StageId) -> Vec<Stage
         }
     }
     notes
+}
+
+/// The join's build and probe producer stages.
+pub(super) fn producers(
+    graph: &sluice_planner::JobGraph,
+    join: &SkewJoin,
+) -> Option<(StageId, StageId)> {
+    let inputs = &graph.stage(join.stage)?.inputs;
+    Some((
+        inputs.get(join.build_input)?.stage,
+        inputs.get(join.probe_input)?.stage,
+    ))
 }
 
 /// The rows each task of `stage` (its succeeded attempt) wrote to each channel, or which task
@@ -366,7 +373,7 @@ pub(super) fn reassign(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use sluice_planner::TaskAttempt;
@@ -490,7 +497,7 @@ mod tests {
     /// A job entry for `select big.b from small join big on small.a = big.a` with blocking
     /// exchanges and a partitioned join (`small` has 2 partitions, `big` 4, 4 channels), and the
     /// join's build and probe producer stages.
-    async fn join_entry() -> (JobEntry, SkewJoin, StageId, StageId) {
+    pub(in crate::driver) async fn join_entry() -> (JobEntry, SkewJoin, StageId, StageId) {
         use datafusion::arrow::array::{Int64Array, RecordBatch};
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         use datafusion::datasource::MemTable;
@@ -576,8 +583,14 @@ mod tests {
     }
 
     /// Places `attempt` of (`stage`, `partition`) on worker `partition % 2 + 1`; with `rows`, it
-    /// succeeds having written those rows per channel.
-    fn run(entry: &mut JobEntry, stage: StageId, partition: usize, attempt: usize, rows: &[u64]) {
+    /// succeeds having written those rows per channel (16 bytes a row).
+    pub(in crate::driver) fn run(
+        entry: &mut JobEntry,
+        stage: StageId,
+        partition: usize,
+        attempt: usize,
+        rows: &[u64],
+    ) {
         use super::super::placement::Location;
         let attempt = TaskAttempt {
             task: TaskId { stage, partition },
@@ -588,6 +601,8 @@ mod tests {
         if !rows.is_empty() {
             let metrics = crate::analyze::TaskMetrics {
                 channel_rows: rows.to_vec(),
+                rows: rows.iter().sum(),
+                shuffled_bytes: rows.iter().sum::<u64>() * 16,
                 ..Default::default()
             };
             entry.metrics.insert(attempt, metrics);
@@ -597,7 +612,7 @@ mod tests {
 
     /// The probe and build streams `attempt` of join task `partition` reads, as (producer
     /// partition, producer attempt, channel).
-    fn reads(
+    pub(in crate::driver) fn reads(
         entry: &JobEntry,
         join: &SkewJoin,
         partition: usize,

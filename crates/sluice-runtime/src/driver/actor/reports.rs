@@ -14,6 +14,24 @@ use crate::error::ErrorKind;
 use crate::scheduler::{TaskStatus, WorkerLoss};
 use crate::transport::RunTaskError;
 
+/// Logs each of `notes` (the driver's notes on a job's stages) at `level` under `target`, and keeps
+/// it in the job's entry for `EXPLAIN ANALYZE`.
+macro_rules! keep_notes {
+    ($level:ident, $target:literal, $job:expr, $entry:expr, $notes:expr) => {
+        for note in $notes {
+            tracing::$level!(
+                target: $target,
+                job = $job.0,
+                stage = note.target.0,
+                "stage {}: {}",
+                note.target,
+                note.text
+            );
+            $entry.stage_notes.push(note);
+        }
+    };
+}
+
 impl DriverActor {
     pub(super) fn task_status(&mut self, report: TaskStatusReport) {
         if let TaskState::Failed(error) = &report.state
@@ -133,7 +151,8 @@ impl DriverActor {
     }
 
     /// Records a succeeded attempt; once every task of its stage succeeded, the runtime filters
-    /// waiting for it are applied and the skew splits of joins reading it decided, and what the stage's producers still hold is released (no
+    /// waiting for it are applied, then the broadcast switches now decidable and the skew splits
+    /// of joins reading it decided, and what the stage's producers still hold is released (no
     /// consumer will read it), so they stop waiting. Says why the job must fail if the attempt
     /// re-ran a runtime filter's source and saw keys that filter dropped.
     pub(super) fn task_succeeded(
@@ -154,28 +173,18 @@ impl DriverActor {
             return escaped;
         }
         entry.attempts.stage_done(stage_id);
-        for note in crate::driver::runtime_filters::apply_ready(entry, stage_id) {
-            tracing::debug!(
-                target: "sluice::runtime_filter",
-                job = job.0,
-                stage = note.target.0,
-                "stage {}: {}",
-                note.target,
-                note.text
-            );
-            entry.stage_notes.push(note);
-        }
-        for note in crate::driver::skew_splits::decide_ready(entry, stage_id) {
-            tracing::info!(
-                target: "sluice::skew_split",
-                job = job.0,
-                stage = note.target.0,
-                "stage {}: {}",
-                note.target,
-                note.text
-            );
-            entry.stage_notes.push(note);
-        }
+        // Runtime filter predicates hold key values: debug. A broadcast switch not made (a probe
+        // side that started first is common): debug.
+        let filtered = crate::driver::runtime_filters::apply_ready(entry, stage_id);
+        keep_notes!(debug, "sluice::runtime_filter", job, entry, filtered);
+        let (not_switched, switched): (Vec<_>, Vec<_>) =
+            crate::driver::broadcast_switch::decide_ready(entry)
+                .into_iter()
+                .partition(|note| note.text.starts_with("broadcast switch: none"));
+        keep_notes!(info, "sluice::broadcast_switch", job, entry, switched);
+        keep_notes!(debug, "sluice::broadcast_switch", job, entry, not_switched);
+        let split = crate::driver::skew_splits::decide_ready(entry, stage_id);
+        keep_notes!(info, "sluice::skew_split", job, entry, split);
         let Some(stage) = entry.graph.stage(stage_id) else {
             return escaped;
         };
