@@ -981,8 +981,8 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
 }
 
 /// A fact table of 200,000 rows in four files, 90 % of them on key 7 (the rest on keys ending in
-/// 9), and a dimension holding keys 0..1,000 once each. No column is written in order (a Parquet
-/// file whose rows are sorted is scanned on the driver: the wire drops a scan's order).
+/// 9), and a dimension holding keys 0..1,000 once each. No column is written in order, so no
+/// scan keeps its files' order.
 async fn skewed_tables(dir: &std::path::Path) {
     let ctx = datafusion::prelude::SessionContext::new();
     let mut copies: Vec<String> = (0..4)
@@ -1020,6 +1020,63 @@ async fn input_rows_of_stage(runner: &dyn JobRunner, stage: sluice_planner::Stag
         .collect();
     rows.sort_unstable_by(|a, b| b.cmp(a));
     rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sorted_parquet_file_is_scanned_on_workers_and_keeps_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = datafusion::prelude::SessionContext::new();
+    // Written in `k` order: DataFusion records the order in the file and relies on it.
+    for (table, range) in [("fact", "0, 49999"), ("dim", "0, 999")] {
+        let copy = format!(
+            "COPY (SELECT value AS k, value * 3 AS v FROM generate_series({range})) \
+             TO '{}/{table}/part-0.parquet' STORED AS PARQUET",
+            dir.path().display()
+        );
+        ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    }
+    let local = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::Local,
+        common::runner(ExecutionMode::Local),
+        &[],
+    )
+    .await;
+    let runner = blocking_cluster_failing_by(Arc::new(|_: &AttemptKey| None::<String>));
+    let cluster = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalCluster,
+        Arc::new(runner.clone()),
+        &[],
+    )
+    .await;
+    // The scan declares the file's order; its stage runs on a worker.
+    let sql = "SELECT k, v FROM fact WHERE k % 7 = 3 ORDER BY k";
+    let graph = cluster.job_graph(sql).await.unwrap();
+    let scans: Vec<String> = graph
+        .stages()
+        .iter()
+        .map(|stage| {
+            let text = datafusion::physical_plan::displayable(stage.plan.as_ref())
+                .indent(false)
+                .to_string();
+            format!("{:?}: {text}", stage.placement)
+        })
+        .filter(|text| text.contains("fact/part-0.parquet"))
+        .collect();
+    assert_eq!(scans.len(), 1, "{scans:?}");
+    assert!(scans[0].starts_with("Worker: "), "{scans:?}");
+    assert!(scans[0].contains("output_ordering=[k@0 ASC"), "{scans:?}");
+    // Its rows come back in local mode's order (the plan may rely on the file's order).
+    let expected = formatted(&local, sql).await;
+    assert_eq!(expected.len(), 7143);
+    assert_eq!(formatted(&cluster, sql).await, expected);
+    let top = "SELECT f.k, d.v FROM fact f JOIN dim d ON f.k = d.k ORDER BY f.k DESC LIMIT 3";
+    assert_eq!(
+        formatted(&cluster, top).await,
+        [["999", "2997"], ["998", "2994"], ["997", "2991"]]
+    );
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 
 /// The join of the skewed tables, whose stage is the final one (its tasks stream the job's output).

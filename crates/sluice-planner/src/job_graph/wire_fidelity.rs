@@ -3,7 +3,9 @@
 //! slower. Two checks decide it:
 //! - what the planner itself knows of datafusion-proto 55's gaps, which no decoded plan shows: a
 //!   `Float16` literal is encoded as `Float32`; a file scan's compression and its `preserve_order`
-//!   flag are not encoded at all (a gzip CSV would be read as plain text);
+//!   flag are not encoded at all (a gzip CSV would be read as plain text). The decoder rebuilds
+//!   `preserve_order` from the scan's output ordering, which is encoded, so only a scan that must
+//!   keep its files' order without declaring one (an order-sensitive limit) is held back;
 //! - the runtime's [`WireCheck`](super::WireCheck), when the job graph is built with one: the plan is
 //!   encoded and decoded and must come back the same (a node without a wire form, or one whose
 //!   options the encoding drops, fails it).
@@ -57,13 +59,15 @@ fn has_lossy_literal(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
 }
 
 /// Whether `plan` scans files with an option datafusion-proto 55 does not encode: a compression, or
-/// an order the files must be read in.
+/// an order the files must be read in that no output ordering declares (decoding a scan with an
+/// output ordering sets `preserve_order` again: a sorted Parquet file's scan travels exactly).
 fn has_unencoded_scan_option(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
     let mut found = false;
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<DataSourceExec>()
             && let Some(files) = scan.data_source().downcast_ref::<FileScanConfig>()
-            && (files.file_compression_type.is_compressed() || files.preserve_order)
+            && (files.file_compression_type.is_compressed()
+                || (files.preserve_order && files.output_ordering.is_empty()))
         {
             found = true;
             return Ok(TreeNodeRecursion::Stop);
