@@ -21,7 +21,8 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::Statement as LogicalStatement;
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::memory::MemoryStream;
@@ -282,6 +283,20 @@ impl SluiceSession {
     /// session's access allows it.
     async fn execute_checked(&self, logical: LogicalPlan) -> Result<DataFrame> {
         self.authorize(&logical)?;
+        // DataFusion resets only its own settings: Sluice's go back to their defaults here.
+        if let LogicalPlan::Statement(LogicalStatement::ResetVariable(reset)) = &logical
+            && reset.variable.to_ascii_lowercase().starts_with("sluice.")
+        {
+            let default = sluice_runtime::options::sluice_default_of(&reset.variable)?;
+            self.ctx
+                .state_ref()
+                .write()
+                .config_mut()
+                .options_mut()
+                .set(&reset.variable.to_ascii_lowercase(), &default)?;
+            let nothing = LogicalPlanBuilder::empty(false).build()?;
+            return Ok(DataFrame::new(self.ctx.state(), nothing));
+        }
         Ok(self.ctx.execute_logical_plan(logical).await?)
     }
 
@@ -749,6 +764,44 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(formatted.contains("| 3 "), "{formatted}");
+    }
+
+    #[tokio::test]
+    async fn reset_puts_a_sluice_setting_back_to_its_default() {
+        let session = session();
+        let shown = |session: &SluiceSession| {
+            let state = session.ctx.state();
+            state
+                .config_options()
+                .extensions
+                .get::<sluice_runtime::options::SluiceOptions>()
+                .map(|o| (o.skew_join_factor, o.broadcast_join_switch))
+        };
+        session
+            .run_sql("SET sluice.skew_join_factor = 9; SET sluice.broadcast_join_switch = false")
+            .await
+            .unwrap();
+        assert_eq!(shown(&session), Some((9, false)));
+        session
+            .run_sql("RESET sluice.skew_join_factor; RESET SLUICE.BROADCAST_JOIN_SWITCH")
+            .await
+            .unwrap();
+        assert_eq!(shown(&session), Some((4, true)));
+        let error = session.run_sql("RESET sluice.nope").await.unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("there is no setting sluice.nope; Sluice's settings are "),
+            "{error}"
+        );
+        // DataFusion's own still reset as before.
+        session
+            .run_sql(
+                "SET datafusion.optimizer.max_passes = 7; RESET datafusion.optimizer.max_passes",
+            )
+            .await
+            .unwrap();
+        assert_eq!(session.ctx.state().config_options().optimizer.max_passes, 3);
     }
 
     fn session() -> SluiceSession {

@@ -150,6 +150,26 @@ pub fn with_sluice_options(config: SessionConfig) -> SessionConfig {
     config.with_option_extension(SluiceOptions::default())
 }
 
+/// The default value of Sluice's setting `key` (`sluice.<name>`, any case), what `RESET` sets it
+/// to; an unknown name is the error `SET` gives.
+pub fn sluice_default_of(key: &str) -> Result<String> {
+    let wanted = key.to_ascii_lowercase();
+    SluiceOptions::default()
+        .entries()
+        .into_iter()
+        .find(|entry| entry.key == wanted)
+        .and_then(|entry| entry.value)
+        .map_or_else(
+            || {
+                let name = wanted.strip_prefix("sluice.").unwrap_or(&wanted);
+                SluiceOptions::default()
+                    .set(name, "")
+                    .map(|()| String::new())
+            },
+            Ok,
+        )
+}
+
 /// Sluice's settings among a job's shipped `settings` (keys `sluice.<name>`), the rest at their
 /// defaults.
 pub fn sluice_options_of(settings: &HashMap<String, String>) -> Result<SluiceOptions> {
@@ -240,6 +260,18 @@ mod tests {
             .unwrap();
         let ours = config.options().extensions.get::<SluiceOptions>().unwrap();
         assert_eq!(ours.broadcast_join_switch_bytes, 4096);
+        assert_eq!(
+            sluice_default_of("SLUICE.Broadcast_Join_Switch_Bytes").unwrap(),
+            "10485760"
+        );
+        assert_eq!(sluice_default_of("sluice.skew_join_split").unwrap(), "true");
+        let error = sluice_default_of("sluice.nope").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("there is no setting sluice.nope; Sluice's settings are "),
+            "{error}"
+        );
         let error = config
             .options_mut()
             .set("sluice.skew_join_factor", "-1")
