@@ -233,6 +233,7 @@ pub(crate) fn encode_definition(definition: &TaskDefinition) -> Result<Vec<u8>> 
             .iter()
             .map(|c| to_u32(*c, "summarised column"))
             .collect::<Result<Vec<_>>>()?,
+        announce_running: definition.announce_running,
     };
     Ok(message.encode_to_vec())
 }
@@ -308,6 +309,7 @@ pub(crate) fn decode_definition(bytes: &[u8], ctx: &TaskContext) -> Result<TaskD
             .iter()
             .map(|c| *c as usize)
             .collect(),
+        announce_running: message.announce_running,
     })
 }
 
@@ -571,6 +573,7 @@ pub(crate) mod tests {
             memory_limit: Some(1 << 30),
             report_plan_metrics: true,
             summarise_columns: vec![1, 0],
+            announce_running: true,
         }
     }
 
@@ -590,6 +593,7 @@ pub(crate) mod tests {
         assert_eq!(back.memory_limit, Some(1 << 30));
         assert!(back.report_plan_metrics);
         assert_eq!(back.summarise_columns, [1, 0]);
+        assert!(back.announce_running);
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use job_graph::partition_reads::{InputReads, input_reads};
 pub use job_graph::{
     DISTRIBUTED_BROADCAST_THRESHOLD, DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions,
     OutputDistribution, OutputMode, RuntimeFilter, SkewJoin, Stage, StageInput, TaskPlacement,
-    WireCheck,
+    WireCheck, WireForm,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;

@@ -411,6 +411,7 @@ fn stage(
         mode,
         distribution: OutputDistribution::RoundRobin { channels: 1 },
         placement: TaskPlacement::Worker,
+        wire_form: None,
     }
 }
 

@@ -419,30 +419,25 @@ pub fn encode_stage_plan(plan: Arc<dyn ExecutionPlan>) -> Result<bytes::Bytes> {
     physical_plan_to_bytes_with_extension_codec(plan, &SluiceCodec)
 }
 
-/// Whether `plan` comes back from the wire as it went: it encodes, decodes (functions resolving in a
-/// fresh registry, as on a worker), and the decoded plan shows the same plan and schema. A stage
-/// that fails this runs on the driver (`JobGraphOptions::wire_check`).
+/// `plan`'s encoded form if it comes back from the wire as it went: it encodes, decodes (functions
+/// resolving in a fresh registry, as on a worker), and the decoded plan shows the same plan and
+/// schema. A stage that fails this runs on the driver (`JobGraphOptions::wire_check`); one that
+/// passes ships these bytes ([`sluice_planner::Stage::wire_bytes`]).
 ///
 /// Decoding a file scan binds its object store, which a worker builds from its own environment;
 /// the check decodes with [`AnyStoreRegistry`], so that a scan of `s3://…` is judged by its wire
 /// form and not by whether this process has built that store yet, while a scan of a store only the
 /// driver's session has stays on the driver.
-pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let Ok(bytes) = encode_stage_plan(Arc::clone(plan)) else {
-        return false;
-    };
-    let Some(registry) = WIRE_CHECK_CONTEXT.as_ref() else {
-        return false;
-    };
-    let Ok(decoded) = decode_stage_plan(&bytes, registry) else {
-        return false;
-    };
+pub fn survives_wire(plan: &Arc<dyn ExecutionPlan>) -> Option<bytes::Bytes> {
+    let bytes = encode_stage_plan(Arc::clone(plan)).ok()?;
+    let registry = WIRE_CHECK_CONTEXT.as_ref()?;
+    let decoded = decode_stage_plan(&bytes, registry).ok()?;
     let shown = |p: &Arc<dyn ExecutionPlan>| {
         datafusion::physical_plan::displayable(p.as_ref())
             .indent(true)
             .to_string()
     };
-    decoded.schema() == plan.schema() && shown(&decoded) == shown(plan)
+    (decoded.schema() == plan.schema() && shown(&decoded) == shown(plan)).then_some(bytes)
 }
 
 /// The context [`survives_wire`] decodes in, built once: a fresh session's functions (as on a
@@ -734,6 +729,49 @@ mod tests {
                 .all(|(_, placement)| *placement == TaskPlacement::Worker),
             "{placements:#?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_worker_stage_keeps_the_bytes_its_wire_check_encoded_until_its_plan_changes() {
+        use sluice_planner::{JobGraph, TaskPlacement};
+        let plan = plan_with(
+            "datafusion.execution.collect_statistics",
+            "select column1, sum(column2) from t group by column1",
+        )
+        .await;
+        let graph = JobGraph::try_new_with(plan, &distributed_graph_options()).unwrap();
+        let workers: Vec<_> = graph
+            .stages()
+            .iter()
+            .filter(|s| s.placement == TaskPlacement::Worker)
+            .collect();
+        assert_eq!(workers.len(), 2, "{:#?}", graph.stages());
+        let context = datafusion::prelude::SessionContext::new().task_ctx();
+        for stage in &workers {
+            let bytes = stage
+                .wire_bytes()
+                .expect("a worker stage has its wire form");
+            assert_eq!(bytes, &encode_stage_plan(Arc::clone(&stage.plan)).unwrap());
+            let decoded = decode_stage_plan(bytes, &context).unwrap();
+            assert_eq!(text(&decoded), text(&stage.plan));
+        }
+        // A stage whose plan was replaced since has no wire form: its old bytes are not its plan's.
+        let mut replaced = workers[0].clone();
+        replaced.plan = Arc::new(
+            datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
+                Arc::clone(&replaced.plan),
+            ),
+        );
+        assert!(replaced.wire_bytes().is_none());
+        // Without a wire check (the planner's own tests) no stage has one.
+        let plan = plan_with(
+            "datafusion.execution.collect_statistics",
+            "select column1, sum(column2) from t group by column1",
+        )
+        .await;
+        let unchecked =
+            JobGraph::try_new_with(plan, &sluice_planner::JobGraphOptions::default()).unwrap();
+        assert!(unchecked.stages().iter().all(|s| s.wire_bytes().is_none()));
     }
 
     #[test]

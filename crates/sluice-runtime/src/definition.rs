@@ -114,6 +114,11 @@ pub struct TaskDefinition {
     /// Output columns whose key summary the succeeded report carries (`TaskMetrics::key_summary`):
     /// the build keys of a runtime filter whose source is this stage; empty: none.
     pub summarise_columns: Vec<usize>,
+    /// The driver acts on this attempt's `Running` report (a final-stage task: the job output
+    /// starts reading it then), so it goes out as the attempt starts. Any other attempt reports
+    /// `Running` only once it outlives the worker's grace (`worker::attempt::RUNNING_REPORT_GRACE`):
+    /// a short task sends its final report alone.
+    pub announce_running: bool,
 }
 
 /// What a task attempt's report says.

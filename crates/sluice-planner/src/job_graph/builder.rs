@@ -14,10 +14,10 @@ use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::limit::GlobalLimitExec;
 
 use super::rewrites::coalesce;
-use super::wire_fidelity::travels_exactly;
+use super::wire_fidelity::{Travel, travel};
 use super::{
     InputMode, JobGraphOptions, OutputDistribution, OutputMode, Stage, StageId, StageInput,
-    TaskPlacement,
+    TaskPlacement, WireForm,
 };
 use crate::distribution::{Boundary, ChildUsage, NodeDistribution};
 use crate::plan::stage_input::StageInputExec;
@@ -244,12 +244,16 @@ impl Builder<'_> {
             return plan_err!("{} would split its output into zero channels", plan.name());
         }
         // A plan that would not survive the wire exactly runs on the driver, from memory.
-        let placement =
-            if placement == TaskPlacement::Worker && !travels_exactly(&plan, self.options)? {
-                TaskPlacement::Driver
-            } else {
-                placement
-            };
+        let (placement, wire_form) = match placement {
+            TaskPlacement::Driver => (TaskPlacement::Driver, None),
+            TaskPlacement::Worker => match travel(&plan, self.options)? {
+                Travel::Exact(bytes) => (
+                    TaskPlacement::Worker,
+                    bytes.map(|bytes| WireForm::new(&plan, bytes)),
+                ),
+                Travel::Changed => (TaskPlacement::Driver, None),
+            },
+        };
         let id = StageId(self.stages.len());
         self.stages.push(Stage {
             inputs,
@@ -257,6 +261,7 @@ impl Builder<'_> {
             mode,
             distribution,
             placement,
+            wire_form,
         });
         Ok(id)
     }

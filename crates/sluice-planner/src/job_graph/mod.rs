@@ -222,6 +222,9 @@ pub struct Stage {
     pub distribution: OutputDistribution,
     /// Where the tasks run.
     pub placement: TaskPlacement,
+    /// The plan's encoded form, as the wire check made it (a worker stage built with a
+    /// [`WireCheck`]); used only while `plan` is the plan it encodes ([`Stage::wire_bytes`]).
+    pub wire_form: Option<WireForm>,
 }
 
 impl Stage {
@@ -229,11 +232,45 @@ impl Stage {
     pub fn partitions(&self) -> usize {
         self.plan.output_partitioning().partition_count()
     }
+
+    /// The encoded form of the stage's current plan, if the wire check made one for it: a plan
+    /// replaced since (`stage.plan = …`) has none, so its bytes are never those of an older plan.
+    pub fn wire_bytes(&self) -> Option<&bytes::Bytes> {
+        self.wire_form
+            .as_ref()
+            .filter(|form| Arc::ptr_eq(&form.plan, &self.plan))
+            .map(|form| &form.bytes)
+    }
 }
 
-/// Whether a stage plan survives the trip to a worker exactly (encoded, decoded, the same plan). The
-/// runtime supplies it (it owns the codec); a stage that does not runs on the driver, from memory.
-pub type WireCheck = Arc<dyn Fn(&Arc<dyn ExecutionPlan>) -> bool + Send + Sync>;
+/// A stage plan's encoded form, kept with the plan it encodes.
+#[derive(Clone)]
+pub struct WireForm {
+    plan: Arc<dyn ExecutionPlan>,
+    bytes: bytes::Bytes,
+}
+
+impl WireForm {
+    /// `bytes` encode `plan`.
+    pub fn new(plan: &Arc<dyn ExecutionPlan>, bytes: bytes::Bytes) -> Self {
+        Self {
+            plan: Arc::clone(plan),
+            bytes,
+        }
+    }
+}
+
+impl std::fmt::Debug for WireForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WireForm({} bytes)", self.bytes.len())
+    }
+}
+
+/// Whether a stage plan survives the trip to a worker exactly (encoded, decoded, the same plan): its
+/// encoded form if it does, which the stage keeps ([`Stage::wire_form`]) so the plan is encoded
+/// once. The runtime supplies it (it owns the codec); a stage that does not survive runs on the
+/// driver, from memory.
+pub type WireCheck = Arc<dyn Fn(&Arc<dyn ExecutionPlan>) -> Option<bytes::Bytes> + Send + Sync>;
 
 /// Choices the job-graph builder makes that are not dictated by the plan.
 #[derive(Clone)]

@@ -23,15 +23,26 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_plan::ExecutionPlan;
 
+/// What the checks found of a stage plan.
+pub(crate) enum Travel {
+    /// It reaches a worker exactly as it is; its encoded form, if the wire check made one.
+    Exact(Option<bytes::Bytes>),
+    /// It would not: it runs on the driver.
+    Changed,
+}
+
 /// Whether `plan` reaches a worker exactly as it is.
-pub(crate) fn travels_exactly(
+pub(crate) fn travel(
     plan: &Arc<dyn ExecutionPlan>,
     options: &super::JobGraphOptions,
-) -> Result<bool> {
+) -> Result<Travel> {
     if has_lossy_literal(plan)? || has_unencoded_scan_option(plan)? {
-        return Ok(false);
+        return Ok(Travel::Changed);
     }
-    Ok(options.wire_check.as_ref().is_none_or(|check| check(plan)))
+    Ok(match &options.wire_check {
+        None => Travel::Exact(None),
+        Some(check) => check(plan).map_or(Travel::Changed, |bytes| Travel::Exact(Some(bytes))),
+    })
 }
 
 /// Whether `plan` holds a literal that datafusion-proto 55 does not encode exactly.

@@ -124,5 +124,48 @@ pub(super) fn task_definition(
             .find(|f| f.source == stage_id)
             .map(|f| f.source_columns.clone())
             .unwrap_or_default(),
+        announce_running: stage_id == graph.final_stage(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use sluice_planner::{JobId, StageId, TaskAttempt, TaskId};
+
+    use super::task_definition;
+    use crate::driver::skew_splits::tests::{join_entry, run};
+
+    /// Only a final-stage task's `Running` report is acted on (the job output starts reading it),
+    /// so only its definition asks for it at once; every other task may leave it out if short.
+    #[tokio::test]
+    async fn only_the_final_stages_tasks_announce_running() {
+        let (mut entry, _, _, _) = join_entry().await;
+        let stages = entry.graph.stages().len();
+        let final_stage = entry.graph.final_stage();
+        assert!(stages >= 3, "{:#?}", entry.graph.stages());
+        // Every task placed, so each definition finds its inputs' producers.
+        for stage in 0..stages {
+            for partition in 0..entry.graph.stages()[stage].partitions() {
+                run(&mut entry, StageId(stage), partition, 0, &[]);
+            }
+        }
+        let announced: Vec<bool> = (0..stages)
+            .map(|stage| {
+                let attempt = TaskAttempt {
+                    task: TaskId {
+                        stage: StageId(stage),
+                        partition: 0,
+                    },
+                    attempt: 0,
+                };
+                task_definition(JobId(1), &entry, attempt, &|l| Some(format!("{l:?}")))
+                    .unwrap()
+                    .announce_running
+            })
+            .collect();
+        let expected: Vec<bool> = (0..stages).map(|s| StageId(s) == final_stage).collect();
+        assert_eq!(announced, expected);
+    }
 }

@@ -1,5 +1,6 @@
 //! What each stage of a job sends to its tasks, prepared once when the job is accepted: worker stages
-//! are encoded with the wire codec (one encoding shared by every task and attempt of the stage);
+//! are encoded with the wire codec (one encoding shared by every task and attempt of the stage: the
+//! one the wire check made when the graph was built, while the stage still has that plan);
 //! driver stages keep their in-memory plan and the session's context. The session's settings go as
 //! the ones a worker could not know ([`shipped_settings`]), not all of DataFusion's two hundred.
 //!
@@ -30,11 +31,14 @@ pub(super) fn ship_stages(graph: &JobGraph, context: &Arc<TaskContext>) -> Resul
                 plan: Arc::clone(&stage.plan),
                 context: Arc::clone(context),
             }),
-            TaskPlacement::Worker => encode_stage_plan(Arc::clone(&stage.plan))
-                .map(StagePlan::Encoded)
-                .map_err(|e| {
-                    DataFusionError::Plan(format!("stage {id} cannot be sent to workers: {e}"))
-                }),
+            TaskPlacement::Worker => match stage.wire_bytes() {
+                Some(bytes) => Ok(bytes.clone()),
+                None => encode_stage_plan(Arc::clone(&stage.plan)),
+            }
+            .map(StagePlan::Encoded)
+            .map_err(|e| {
+                DataFusionError::Plan(format!("stage {id} cannot be sent to workers: {e}"))
+            }),
         })
         .collect()
 }
@@ -96,6 +100,53 @@ mod tests {
             .collect();
         entries.sort();
         entries
+    }
+
+    #[tokio::test]
+    async fn a_worker_stage_ships_the_bytes_its_wire_check_made_and_a_replaced_plan_is_encoded_again()
+     {
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.sql("create table t as values (1, 10), (2, 20)")
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql("select column1, count(*) from t group by column1")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let graph = sluice_planner::JobGraph::try_new_with(
+            plan,
+            &crate::codec::distributed_graph_options(),
+        )
+        .unwrap();
+        let shipped = ship_stages(&graph, &ctx.task_ctx()).unwrap();
+        let mut checked = 0;
+        for (stage, plan) in graph.stages().iter().zip(&shipped) {
+            if let (Some(bytes), StagePlan::Encoded(sent)) = (stage.wire_bytes(), plan) {
+                // The same buffer, not an equal encoding made again.
+                assert_eq!(sent.as_ptr(), bytes.as_ptr());
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, graph.stages().len(), "{:#?}", graph.stages());
+        // A stage whose plan changed after the check ships its new plan.
+        let mut stages = graph.stages().to_vec();
+        let last = stages.len() - 1;
+        let old = Arc::clone(&stages[last].plan);
+        let bytes = crate::codec::encode_stage_plan(Arc::clone(&old)).unwrap();
+        let rebuilt = crate::codec::decode_stage_plan(&bytes, &ctx.task_ctx()).unwrap();
+        assert!(!Arc::ptr_eq(&rebuilt, &old));
+        stages[last].plan = Arc::clone(&rebuilt);
+        let changed =
+            sluice_planner::JobGraph::from_stages(stages, Arc::clone(graph.schema())).unwrap();
+        assert!(changed.stages()[last].wire_bytes().is_none());
+        let shipped = ship_stages(&changed, &ctx.task_ctx()).unwrap();
+        let StagePlan::Encoded(sent) = &shipped[last] else {
+            panic!("the final stage runs on a worker");
+        };
+        assert_eq!(sent, &crate::codec::encode_stage_plan(rebuilt).unwrap());
     }
 
     #[test]

@@ -209,6 +209,7 @@ fn graph(mode: OutputMode) -> JobGraph {
             mode,
             distribution: OutputDistribution::RoundRobin { channels: 2 },
             placement: TaskPlacement::Worker,
+            wire_form: None,
         },
         Stage {
             inputs: vec![StageInput {
@@ -219,6 +220,7 @@ fn graph(mode: OutputMode) -> JobGraph {
             mode: OutputMode::Pipelined,
             distribution: OutputDistribution::RoundRobin { channels: 1 },
             placement: TaskPlacement::Worker,
+            wire_form: None,
         },
     ];
     JobGraph::from_stages(stages, schema()).unwrap()

@@ -22,6 +22,7 @@ fn stage(inputs: &[(usize, InputMode)], partitions: usize, mode: OutputMode) -> 
         mode,
         distribution: OutputDistribution::RoundRobin { channels: 1 },
         placement: TaskPlacement::Worker,
+        wire_form: None,
     }
 }
 

@@ -68,6 +68,7 @@ pub(crate) fn chain_graph(stages: usize, width: usize, blocking: bool) -> Result
             mode: mode(s + 1 == stages),
             distribution: OutputDistribution::RoundRobin { channels: 1 },
             placement: TaskPlacement::Worker,
+            wire_form: None,
         })
         .collect();
     JobGraph::from_stages(graph, schema())

@@ -7,8 +7,10 @@
 //!                  ─► ShuffleWriterExec ─► this worker's store (channels × replicas)
 //! ```
 //!
-//! Invariants: the attempt reports `Running` (sequence 1) as it starts (delivered while it runs)
-//! and `Succeeded` or `Failed` (sequence 2) last, only once `Running`'s delivery ended
+//! Invariants: the attempt reports `Running` (sequence 1) as it starts (delivered while it runs) if
+//! its definition says the driver acts on it (`announce_running`: a final-stage task), otherwise
+//! only once it outlives the worker's grace ([`RUNNING_REPORT_GRACE`] by default); it reports `Succeeded` or `Failed` (sequence 2)
+//! last, and, when it sent `Running`, only once `Running`'s delivery ended
 //! (acknowledged, refused, or given up after the driver timeout), unless a stop claimed the final
 //! report first (a panic inside the attempt is caught and reported `Failed`, an internal, retryable error keeping the
 //! panic's message, so its slot and region never wait for a report that cannot come; the
@@ -43,6 +45,11 @@ use crate::plan::key_summary::{KeySummaryExec, take_summary};
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
+/// How long an attempt whose `Running` report the driver does not act on runs before it sends one,
+/// by default (its progress and its span then show it running). Most tasks of small jobs end
+/// within it, and each report it saves is a round trip to the driver on the job's path.
+pub const RUNNING_REPORT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Runs one attempt and reports its status; see the module docs. A panic outside its execution
 /// (in delivering a report) leaves the attempt unknown to the worker, so the driver, whose
 /// heartbeats show it missing, fails it and runs its region again.
@@ -69,10 +76,21 @@ async fn run_and_report(
     let started = Instant::now();
     // `Running` goes out while the attempt already runs (its delivery is a round trip to the
     // driver, resent until acknowledged); the final report waits for that delivery to end, so the
-    // driver still gets them in order.
-    let running = shared.report(report(shared, key, 1, TaskState::Running));
+    // driver still gets them in order. An attempt the driver does not wait on reports it only once
+    // it outlives the grace: a short one sends its final report (sequence 2) alone.
+    let announce = definition.announce_running;
     let execution = AssertUnwindSafe(execute(shared, definition)).catch_unwind();
-    let ((), executed) = tokio::join!(running, execution);
+    let running = || shared.report(report(shared, key, 1, TaskState::Running));
+    let executed = if announce {
+        tokio::join!(running(), execution).1
+    } else {
+        let mut execution = std::pin::pin!(execution);
+        tokio::select! {
+            biased;
+            executed = &mut execution => executed,
+            () = tokio::time::sleep(shared.options.running_report_grace) => tokio::join!(running(), execution).1,
+        }
+    };
     let executed = executed.unwrap_or_else(|panic| Err(panicked(key, panic.as_ref())));
     let state = match executed {
         Ok(mut metrics) => {
@@ -218,10 +236,7 @@ fn task_context(
     definition: &TaskDefinition,
     runtime: Arc<RuntimeEnv>,
 ) -> Result<Arc<TaskContext>> {
-    let mut config = crate::definition::session_config_of(&definition.config)?;
-    for (name, value) in sluice_planner::DISTRIBUTED_SETTINGS {
-        config.options_mut().set(name, value)?;
-    }
+    let config = shared.configs.of(&definition.config)?;
     let template = &shared.template;
     Ok(Arc::new(TaskContext::new(
         Some(definition.attempt.to_string()),

@@ -26,6 +26,7 @@
 //! future is dropped at its next yield, and [`Worker::live_attempts`] counts it until then.
 
 mod attempt;
+mod configs;
 mod streams;
 
 use std::collections::{HashMap, HashSet};
@@ -74,6 +75,9 @@ pub struct WorkerOptions {
     pub memory_limit: Option<usize>,
     /// Where spill files and blocking outputs go (the system's temporary directory if `None`).
     pub work_dir: Option<PathBuf>,
+    /// How long an attempt whose `Running` report the driver does not act on runs before it sends
+    /// one (`TaskDefinition::announce_running`; default [`attempt::RUNNING_REPORT_GRACE`]).
+    pub running_report_grace: Duration,
     /// Fails chosen attempts (tests only).
     #[cfg(feature = "testing")]
     pub fault: Option<FaultHook>,
@@ -92,6 +96,7 @@ impl Default for WorkerOptions {
             read_timeout: Duration::from_secs(60),
             memory_limit: None,
             work_dir: None,
+            running_report_grace: attempt::RUNNING_REPORT_GRACE,
             #[cfg(feature = "testing")]
             fault: None,
             #[cfg(feature = "testing")]
@@ -108,6 +113,7 @@ impl fmt::Debug for WorkerOptions {
             .field("read_timeout", &self.read_timeout)
             .field("memory_limit", &self.memory_limit)
             .field("work_dir", &self.work_dir)
+            .field("running_report_grace", &self.running_report_grace)
             .field("faults", &self.faults)
             .finish()
     }
@@ -129,6 +135,8 @@ pub(crate) struct WorkerShared {
     /// Attempts whose final report is being delivered.
     reporting: Mutex<HashSet<AttemptKey>>,
     template: Arc<TaskContext>,
+    /// The session configs built for the settings tasks shipped.
+    configs: configs::SessionConfigs,
     options: WorkerOptions,
 }
 
@@ -184,6 +192,7 @@ impl Worker {
                 accepted: AtomicU64::new(0),
                 reporting: Mutex::new(HashSet::new()),
                 template,
+                configs: configs::SessionConfigs::default(),
                 options,
             }),
             attempts: Arc::new(Mutex::new(JoinSet::new())),

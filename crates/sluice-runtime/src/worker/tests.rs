@@ -72,6 +72,7 @@ fn one_batch_task(key: AttemptKey) -> TaskDefinition {
         memory_limit: None,
         report_plan_metrics: false,
         summarise_columns: Vec::new(),
+        announce_running: true,
     }
 }
 
@@ -187,6 +188,135 @@ async fn reports_of_a_task_started_before_the_worker_registered_wait_and_arrive_
     }
     assert_eq!(
         *recorded.lock().unwrap(),
+        vec![(WorkerId(7), key, 1, false), (WorkerId(7), key, 2, true)]
+    );
+}
+
+/// One batch, produced after `delay` (a task that waits that long, as for its input).
+#[derive(Debug)]
+struct SlowBatch {
+    delay: Duration,
+    batch: RecordBatch,
+}
+
+impl datafusion::physical_plan::streaming::PartitionStream for SlowBatch {
+    fn schema(&self) -> &datafusion::arrow::datatypes::SchemaRef {
+        self.batch.schema_ref()
+    }
+
+    fn execute(
+        &self,
+        _: Arc<datafusion::execution::TaskContext>,
+    ) -> datafusion::execution::SendableRecordBatchStream {
+        let (delay, batch) = (self.delay, self.batch.clone());
+        let batch = futures::stream::once(async move {
+            tokio::time::sleep(delay).await;
+            Ok(batch)
+        });
+        Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                self.batch.schema(),
+                batch,
+            ),
+        )
+    }
+}
+
+/// `one_batch_task` whose batch comes after `delay`, of an attempt the driver does not wait on
+/// (not of the final stage).
+fn slow_task(key: AttemptKey, delay: Duration) -> TaskDefinition {
+    let mut definition = one_batch_task(key);
+    let StagePlan::InMemory { plan, context } = definition.plan else {
+        unreachable!("one_batch_task runs an in-memory plan");
+    };
+    let batch = RecordBatch::try_new(
+        plan.schema(),
+        vec![Arc::new(Int64Array::from(vec![1, 2, 3]))],
+    )
+    .unwrap();
+    let slow = datafusion::physical_plan::streaming::StreamingTableExec::try_new(
+        plan.schema(),
+        vec![Arc::new(SlowBatch { delay, batch })],
+        None,
+        Vec::new(),
+        false,
+        None,
+    )
+    .unwrap();
+    definition.plan = StagePlan::InMemory {
+        plan: Arc::new(slow),
+        context,
+    };
+    definition.announce_running = false;
+    definition
+}
+
+/// The reports `worker` sends for `definition` (run as its first task), once its final one
+/// arrived and a further grace passed in which no other may come.
+async fn reports_of(worker: &Worker, definition: TaskDefinition) -> Vec<ReportSeen> {
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    worker
+        .set_reporter(WorkerId(7), Arc::new(Recorded(Arc::clone(&recorded))))
+        .unwrap();
+    let spawned = tokio::task::spawn_blocking({
+        let worker = worker.clone();
+        move || worker.run_task(definition)
+    });
+    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !recorded.lock().unwrap().iter().any(|r| r.2 == 2)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(worker.shared.options.running_report_grace + Duration::from_millis(50))
+        .await;
+    recorded.lock().unwrap().clone()
+}
+
+/// A task whose `Running` the driver does not act on and that ends within the grace sends its
+/// final report alone: one round trip to the driver instead of two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_task_the_driver_does_not_wait_on_sends_only_its_final_report() {
+    // A grace no debug build under load outlives with one batch of three rows.
+    let options = WorkerOptions {
+        running_report_grace: Duration::from_secs(2),
+        ..WorkerOptions::default()
+    };
+    let worker = Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap();
+    let key = AttemptKey {
+        job: JobId(1),
+        stage: StageId(0),
+        partition: 0,
+        attempt: 0,
+    };
+    let mut definition = one_batch_task(key);
+    definition.announce_running = false;
+    assert_eq!(
+        reports_of(&worker, definition).await,
+        vec![(WorkerId(7), key, 2, true)]
+    );
+}
+
+/// The same task running past the grace reports `Running` first, so the driver's progress shows
+/// it running; a final-stage task (`announce_running`) reports it at once however short it is
+/// (`reports_of_a_task_started_before_the_worker_registered_wait_and_arrive_in_order`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_outlives_the_grace_reports_running_before_its_end() {
+    let options = WorkerOptions {
+        running_report_grace: Duration::from_millis(10),
+        ..WorkerOptions::default()
+    };
+    let worker = Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap();
+    let key = AttemptKey {
+        job: JobId(1),
+        stage: StageId(0),
+        partition: 0,
+        attempt: 0,
+    };
+    let definition = slow_task(key, Duration::from_millis(300));
+    assert_eq!(
+        reports_of(&worker, definition).await,
         vec![(WorkerId(7), key, 1, false), (WorkerId(7), key, 2, true)]
     );
 }
