@@ -1019,11 +1019,11 @@ fn the_shell_in_cluster_mode_shows_results_without_worker_lines_or_a_stale_progr
         // The shell's history file goes there.
         .env("HOME", dir.path())
         .env("SHELL_PTY_RAW", dir.path().join("raw"))
-        // Every job outlasts the progress line's 250 ms tick: each task's reports wait 300 ms
-        // (the fault's warning lines are kept off the screen with the other logs).
+        // Every job outlasts the progress line's 250 ms tick: each task's reports wait 300 ms.
+        // The log filter is the default (`warn`) but for the fault's own warning each time.
         .env("SLUICE_FAILPOINTS", "report_before_send=delay(300)")
         .env("SLUICE_FAILPOINTS_WORKERS", "1,2")
-        .env("SLUICE_LOG", "error")
+        .env("SLUICE_LOG", "warn,sluice::faults=error")
         .output()
         .unwrap();
     let screen = text(&output.stdout);

@@ -146,6 +146,9 @@ mod tests {
         let StagePlan::Encoded(sent) = &shipped[last] else {
             panic!("the final stage runs on a worker");
         };
+        // Encoded now, from the new plan: not the check's buffer of the old one.
+        let checked_bytes = graph.stages()[last].wire_bytes().unwrap();
+        assert_ne!(sent.as_ptr(), checked_bytes.as_ptr());
         assert_eq!(sent, &crate::codec::encode_stage_plan(rebuilt).unwrap());
     }
 

@@ -46,8 +46,10 @@ use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
 
 /// How long an attempt whose `Running` report the driver does not act on runs before it sends one,
-/// by default (its progress and its span then show it running). Most tasks of small jobs end
-/// within it, and each report it saves is a round trip to the driver on the job's path.
+/// by default. Most tasks of small jobs end within it, and each report it saves is a round trip to
+/// the driver on the job's path. What the driver loses: a `RunTask` whose reply is lost is taken
+/// for a started task only if the task reported, so within the grace such a loss counts against
+/// the worker (as one that never answered), not only against the reply.
 pub const RUNNING_REPORT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Runs one attempt and reports its status; see the module docs. A panic outside its execution

@@ -89,17 +89,27 @@ mod tests {
             .unwrap();
         assert_eq!(other.batch_size(), 99);
         assert!(!Arc::ptr_eq(a.options(), other.options()));
-        // The distributed settings are on top, as a fresh build has them.
+        // Every setting (DataFusion's, the distributed ones on top, Sluice's own) is what a fresh
+        // build gives.
+        let entries = |c: &SessionConfig| {
+            c.options()
+                .entries()
+                .into_iter()
+                .map(|e| (e.key, e.value))
+                .collect::<Vec<_>>()
+        };
         let fresh = task_settings(&first).unwrap();
-        for (name, _) in sluice_planner::DISTRIBUTED_SETTINGS {
-            let value = |c: &SessionConfig| {
-                c.options()
-                    .entries()
-                    .into_iter()
-                    .find(|e| e.key == *name)
-                    .and_then(|e| e.value)
-            };
-            assert_eq!(value(&a), value(&fresh), "{name}");
+        assert_eq!(entries(&b), entries(&fresh));
+        assert!(
+            entries(&b)
+                .iter()
+                .any(|(key, _)| key.starts_with("sluice.")),
+            "{:?}",
+            entries(&b)
+        );
+        for (name, value) in sluice_planner::DISTRIBUTED_SETTINGS {
+            let set = entries(&b).into_iter().find(|(key, _)| key == name);
+            assert_eq!(set, Some((name.to_string(), Some(value.to_string()))));
         }
     }
 

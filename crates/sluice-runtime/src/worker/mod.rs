@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   run_task(TaskDefinition) ─► task runtime (JoinSet) ─► attempt::run_attempt
-//!                                   │ Running ─► StatusReporter
+//!                                   │ Running ─► StatusReporter (at once if announced, else past the grace)
 //!                                   │ execute: readers ─► stage plan ─► ShuffleWriterExec ─► store
 //!                                   └ Succeeded | Failed(error) | Canceled ─► StatusReporter
 //!   stop_task ─► the attempt's stop signal (its stream is dropped, its output removed)
@@ -13,8 +13,9 @@
 //!
 //! Invariants: every attempt runs on the task runtime inside the worker's `JoinSet`, so dropping the
 //! last handle of the worker aborts them all, and the control plane (another runtime) always
-//! answers; each attempt reports exactly one final status (sequence 2) after its `Running`
-//! (sequence 1): whoever finishes it first — the attempt itself, or a stop — claims the report.
+//! answers; each attempt reports exactly one final status (sequence 2), after its `Running`
+//! (sequence 1) if it sent one (see [`attempt`]'s docs: a short attempt the driver does not wait
+//! on sends none): whoever finishes it first — the attempt itself, or a stop — claims the report.
 //! The worker knows ([`Worker::known_attempts`]) every attempt it runs and every attempt whose
 //! final report is still on its way, with the number of `RunTask`s it accepted so far: heartbeats
 //! carry both, so the driver can tell an attempt the worker never heard of (or forgot: a lost

@@ -252,8 +252,12 @@ fn slow_task(key: AttemptKey, delay: Duration) -> TaskDefinition {
 }
 
 /// The reports `worker` sends for `definition` (run as its first task), once its final one
-/// arrived and a further grace passed in which no other may come.
-async fn reports_of(worker: &Worker, definition: TaskDefinition) -> Vec<ReportSeen> {
+/// arrived and `quiet` passed in which no other came.
+async fn reports_of(
+    worker: &Worker,
+    definition: TaskDefinition,
+    quiet: Duration,
+) -> Vec<ReportSeen> {
     let recorded = Arc::new(Mutex::new(Vec::new()));
     worker
         .set_reporter(WorkerId(7), Arc::new(Recorded(Arc::clone(&recorded))))
@@ -269,8 +273,7 @@ async fn reports_of(worker: &Worker, definition: TaskDefinition) -> Vec<ReportSe
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(worker.shared.options.running_report_grace + Duration::from_millis(50))
-        .await;
+    tokio::time::sleep(quiet).await;
     recorded.lock().unwrap().clone()
 }
 
@@ -293,14 +296,13 @@ async fn a_short_task_the_driver_does_not_wait_on_sends_only_its_final_report() 
     let mut definition = one_batch_task(key);
     definition.announce_running = false;
     assert_eq!(
-        reports_of(&worker, definition).await,
+        reports_of(&worker, definition, Duration::from_millis(200)).await,
         vec![(WorkerId(7), key, 2, true)]
     );
 }
 
-/// The same task running past the grace reports `Running` first, so the driver's progress shows
-/// it running; a final-stage task (`announce_running`) reports it at once however short it is
-/// (`reports_of_a_task_started_before_the_worker_registered_wait_and_arrive_in_order`).
+/// The same task running past the grace reports `Running` first (the driver then knows it
+/// started, should the reply to its `RunTask` be lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_outlives_the_grace_reports_running_before_its_end() {
     let options = WorkerOptions {
@@ -316,7 +318,30 @@ async fn a_task_that_outlives_the_grace_reports_running_before_its_end() {
     };
     let definition = slow_task(key, Duration::from_millis(300));
     assert_eq!(
-        reports_of(&worker, definition).await,
+        reports_of(&worker, definition, Duration::from_millis(50)).await,
+        vec![(WorkerId(7), key, 1, false), (WorkerId(7), key, 2, true)]
+    );
+}
+
+/// A final-stage task (`announce_running`) reports `Running` at once, however short it is and
+/// however long the grace: the job output starts reading it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_task_reports_running_at_once_however_short() {
+    let options = WorkerOptions {
+        running_report_grace: Duration::from_secs(60),
+        ..WorkerOptions::default()
+    };
+    let worker = Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap();
+    let key = AttemptKey {
+        job: JobId(1),
+        stage: StageId(0),
+        partition: 0,
+        attempt: 0,
+    };
+    let definition = one_batch_task(key);
+    assert!(definition.announce_running);
+    assert_eq!(
+        reports_of(&worker, definition, Duration::from_millis(50)).await,
         vec![(WorkerId(7), key, 1, false), (WorkerId(7), key, 2, true)]
     );
 }
