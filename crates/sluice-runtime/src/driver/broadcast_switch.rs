@@ -48,7 +48,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::{StatisticsArgs, StatisticsContext};
-use sluice_planner::{InputKey, SkewJoin, StageId, StageInputExec, TaskId};
+use sluice_planner::{InputKey, JobGraph, SkewJoin, StageId, StageInputExec, TaskId};
 
 use super::StageNote;
 use super::job::JobEntry;
@@ -64,6 +64,10 @@ pub(crate) struct BroadcastSwitch {
     /// Its probe input: no task reads it (the join's plan runs the producer's plan instead).
     pub probe_input: usize,
 }
+
+/// How every note of a join left partitioned although its build side was small begins (the log
+/// tells these apart from switches by it).
+pub(super) const NO_SWITCH: &str = "broadcast switch: none";
 
 /// Decides the switch of every candidate join not decided yet whose build side is complete and
 /// whose probe producer's runtime filters were applied; called whenever a stage completes (after
@@ -89,7 +93,7 @@ pub(super) fn decide_ready(entry: &mut JobEntry) -> Vec<StageNote> {
             continue;
         }
         entry.switch_decided.insert(join.stage);
-        match decide(entry, join, build, probe) {
+        match decide(entry, &graph, join, build, probe) {
             Ok(Some(note)) => {
                 entry.skew_decided.insert(join.stage);
                 entry.broadcast_switches.insert(
@@ -104,7 +108,7 @@ pub(super) fn decide_ready(entry: &mut JobEntry) -> Vec<StageNote> {
             Ok(None) => {}
             Err(why) => notes.push(StageNote {
                 target: join.stage,
-                text: format!("broadcast switch: none, {why}"),
+                text: format!("{NO_SWITCH}, {why}"),
             }),
         }
     }
@@ -115,6 +119,7 @@ pub(super) fn decide_ready(entry: &mut JobEntry) -> Vec<StageNote> {
 /// small (or the switch is off), or why a small build side could not be broadcast.
 fn decide(
     entry: &mut JobEntry,
+    graph: &JobGraph,
     join: &SkewJoin,
     build: StageId,
     probe: StageId,
@@ -124,8 +129,7 @@ fn decide(
         return Ok(None);
     }
     let (mut bytes, mut rows) = (0u64, 0u64);
-    let build_partitions = entry
-        .graph
+    let build_partitions = graph
         .stage(build)
         .map(|s| s.partitions())
         .ok_or_else(|| format!("there is no stage {build}"))?;
@@ -147,7 +151,6 @@ fn decide(
         "stage {build} finished with {rows} rows ({bytes} bytes, at most {} may be broadcast)",
         options.broadcast_join_switch_bytes
     );
-    let graph = Arc::clone(&entry.graph);
     let producer = graph
         .stage(probe)
         .ok_or_else(|| format!("there is no stage {probe}"))?;

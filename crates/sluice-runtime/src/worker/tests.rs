@@ -79,18 +79,35 @@ fn one_batch_task(key: AttemptKey) -> TaskDefinition {
 /// Runs `one_batch_task` of attempt 0 of task 0/0 of job 1 on `worker` (as the first task it
 /// accepted) and returns its key.
 async fn run_one_batch_task(worker: &Worker) -> AttemptKey {
-    let key = AttemptKey {
-        job: JobId(1),
-        stage: StageId(0),
-        partition: 0,
-        attempt: 0,
-    };
+    start(worker, one_batch_task(FIRST_ATTEMPT)).await;
+    FIRST_ATTEMPT
+}
+
+/// Attempt 0 of task 0/0 of job 1.
+const FIRST_ATTEMPT: AttemptKey = AttemptKey {
+    job: JobId(1),
+    stage: StageId(0),
+    partition: 0,
+    attempt: 0,
+};
+
+/// Starts `definition` on `worker` as the first task it accepted (`run_task` is called off the
+/// runtime, as the control plane calls it).
+async fn start(worker: &Worker, definition: TaskDefinition) {
     let spawned = tokio::task::spawn_blocking({
         let worker = worker.clone();
-        move || worker.run_task(one_batch_task(key))
+        move || worker.run_task(definition)
     });
     assert_eq!(spawned.await.unwrap().unwrap(), 1);
-    key
+}
+
+/// A worker whose unannounced attempts report `Running` once they outlive `grace`.
+fn worker_with_grace(grace: Duration) -> Worker {
+    let options = WorkerOptions {
+        running_report_grace: grace,
+        ..WorkerOptions::default()
+    };
+    Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap()
 }
 
 /// `run_task`'s caller is held after the spawn until the attempt's final report is under way
@@ -262,11 +279,7 @@ async fn reports_of(
     worker
         .set_reporter(WorkerId(7), Arc::new(Recorded(Arc::clone(&recorded))))
         .unwrap();
-    let spawned = tokio::task::spawn_blocking({
-        let worker = worker.clone();
-        move || worker.run_task(definition)
-    });
-    assert_eq!(spawned.await.unwrap().unwrap(), 1);
+    start(worker, definition).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !recorded.lock().unwrap().iter().any(|r| r.2 == 2)
         && tokio::time::Instant::now() < deadline
@@ -282,17 +295,8 @@ async fn reports_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_task_the_driver_does_not_wait_on_sends_only_its_final_report() {
     // A grace no debug build under load outlives with one batch of three rows.
-    let options = WorkerOptions {
-        running_report_grace: Duration::from_secs(2),
-        ..WorkerOptions::default()
-    };
-    let worker = Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap();
-    let key = AttemptKey {
-        job: JobId(1),
-        stage: StageId(0),
-        partition: 0,
-        attempt: 0,
-    };
+    let worker = worker_with_grace(Duration::from_secs(2));
+    let key = FIRST_ATTEMPT;
     let mut definition = one_batch_task(key);
     definition.announce_running = false;
     assert_eq!(
@@ -305,17 +309,8 @@ async fn a_short_task_the_driver_does_not_wait_on_sends_only_its_final_report() 
 /// started, should the reply to its `RunTask` be lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_outlives_the_grace_reports_running_before_its_end() {
-    let options = WorkerOptions {
-        running_report_grace: Duration::from_millis(10),
-        ..WorkerOptions::default()
-    };
-    let worker = Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap();
-    let key = AttemptKey {
-        job: JobId(1),
-        stage: StageId(0),
-        partition: 0,
-        attempt: 0,
-    };
+    let worker = worker_with_grace(Duration::from_millis(10));
+    let key = FIRST_ATTEMPT;
     let definition = slow_task(key, Duration::from_millis(300));
     assert_eq!(
         reports_of(&worker, definition, Duration::from_millis(50)).await,
@@ -327,17 +322,8 @@ async fn a_task_that_outlives_the_grace_reports_running_before_its_end() {
 /// however long the grace: the job output starts reading it then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_announced_task_reports_running_at_once_however_short() {
-    let options = WorkerOptions {
-        running_report_grace: Duration::from_secs(60),
-        ..WorkerOptions::default()
-    };
-    let worker = Worker::new("w", "w:0", options, Arc::new(InProcessNetwork::default())).unwrap();
-    let key = AttemptKey {
-        job: JobId(1),
-        stage: StageId(0),
-        partition: 0,
-        attempt: 0,
-    };
+    let worker = worker_with_grace(Duration::from_secs(60));
+    let key = FIRST_ATTEMPT;
     let definition = one_batch_task(key);
     assert!(definition.announce_running);
     assert_eq!(

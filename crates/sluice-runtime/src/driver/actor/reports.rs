@@ -180,7 +180,10 @@ impl DriverActor {
         let (not_switched, switched): (Vec<_>, Vec<_>) =
             crate::driver::broadcast_switch::decide_ready(entry)
                 .into_iter()
-                .partition(|note| note.text.starts_with("broadcast switch: none"));
+                .partition(|note| {
+                    note.text
+                        .starts_with(crate::driver::broadcast_switch::NO_SWITCH)
+                });
         keep_notes!(info, "sluice::broadcast_switch", job, entry, switched);
         keep_notes!(debug, "sluice::broadcast_switch", job, entry, not_switched);
         let split = crate::driver::skew_splits::decide_ready(entry, stage_id);
