@@ -193,9 +193,17 @@ fn a_task_that_kills_every_worker_it_lands_on_fails_its_job_at_the_attempt_limit
         stderr.contains("was lost: its process (pid "),
         "the attempts met dead worker processes: {stderr}"
     );
-    // The dead workers were replaced: worker process 3 is the first replacement.
-    assert!(
-        stderr.contains("worker process 3: sluice worker "),
-        "replacements joined: {stderr}"
-    );
+    // The dead workers were replaced: processes 3 and up are replacements (started together,
+    // either may join first, and the job may end before the other joins).
+    let replacements_joined = stderr
+        .lines()
+        .filter_map(|line| {
+            line.split_once("worker process ")?
+                .1
+                .split_once(": sluice worker ")
+        })
+        .filter_map(|(process, _)| process.parse::<u32>().ok())
+        .filter(|process| *process >= 3)
+        .count();
+    assert!(replacements_joined >= 1, "replacements joined: {stderr}");
 }
