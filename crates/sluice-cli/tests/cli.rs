@@ -741,3 +741,48 @@ fn explain_distributed_in_sql_and_local_graph_queries() {
     assert_eq!(stdout(&graph), stdout(&local));
     assert!(stdout(&graph).contains("ASIA,5"));
 }
+
+/// By default (no setting from the tests' environment) a query over a few MB runs as one task, and
+/// `SET sluice.single_task_bytes = 0` cuts it into stages again.
+#[test]
+fn a_small_query_runs_as_one_task_by_default_and_setting_zero_cuts_it() {
+    let data = tpch_dir().to_str().unwrap();
+    let query = "select r_name, count(*) from region join nation on r_regionkey = n_regionkey \
+                 group by r_name order by r_name";
+    let explain = |sql: String| {
+        let output = sluice()
+            .env_remove(common::CUT_EVERY_JOB.0)
+            .args(["--mode", "local-graph", "sql", "--data", data, &sql])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+    };
+    let single = explain(format!("EXPLAIN DISTRIBUTED {query}"));
+    assert!(
+        single.contains("Single task: the scans read ")
+            && single.contains(
+                "at most sluice.single_task_bytes = 33554432: the whole plan runs in one task"
+            ),
+        "{single}"
+    );
+    assert_eq!(single.matches("Stage ").count(), 1, "{single}");
+    let cut = explain(format!(
+        "SET sluice.single_task_bytes = 0; EXPLAIN DISTRIBUTED {query}"
+    ));
+    assert!(!cut.contains("Single task"), "{cut}");
+    assert!(cut.matches("Stage ").count() > 1, "{cut}");
+    // The answer is local mode's either way.
+    let rows = |mode: &str| {
+        let output = sluice()
+            .env_remove(common::CUT_EVERY_JOB.0)
+            .args([
+                "--mode", mode, "sql", "--format", "csv", "--data", data, query,
+            ])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+    };
+    assert_eq!(rows("local-graph"), rows("local"));
+}

@@ -35,7 +35,7 @@ struct SltRun {
 }
 
 fn run_slt(mode: &str, flags: &[&str]) -> SltRun {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let output = common::sluice()
         .args(["slt", "--mode", mode])
         .args(flags)
         .args(shared_slt_files())

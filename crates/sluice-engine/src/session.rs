@@ -901,7 +901,10 @@ mod tests {
             .downcast_ref::<StringArray>()
             .unwrap()
             .value(0);
-        assert!(text.starts_with("Stage 0"), "{text}");
+        // Two rows of VALUES are far below sluice.single_task_bytes: one stage, the whole plan.
+        assert!(text.starts_with("Single task: the scans read "), "{text}");
+        assert_eq!(text.matches("\nStage ").count(), 1, "{text}");
+        assert!(text.contains("\nStage 0 (final)"), "{text}");
         assert!(text.contains("Regions:"), "{text}");
     }
 

@@ -105,6 +105,9 @@ pub fn explain_text(graph: &JobGraph) -> String {
     let topology = graph.topology();
     let mut out = String::new();
     let last = graph.final_stage();
+    if let Some(line) = single_task_line(graph) {
+        let _ = writeln!(out, "{line}");
+    }
     for (id, stage) in graph.stages().iter().enumerate() {
         let role = if id == last.0 { " (final)" } else { "" };
         let inputs = stage
@@ -196,5 +199,20 @@ pub fn explain_json(graph: &JobGraph) -> Value {
             })
         })
         .collect();
-    json!({ "stages": stages, "regions": regions })
+    json!({
+        "single_task": single_task_line(graph),
+        "stages": stages,
+        "regions": regions,
+    })
+}
+
+/// Why the job runs whole as one task, when it does.
+fn single_task_line(graph: &JobGraph) -> Option<String> {
+    graph.single_task().map(|single| {
+        format!(
+            "Single task: the scans read {} bytes, at most sluice.single_task_bytes = {}: the whole \
+             plan runs in one task, its exchanges in memory",
+            single.read_bytes, single.limit_bytes
+        )
+    })
 }

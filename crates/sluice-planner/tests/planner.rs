@@ -743,3 +743,87 @@ async fn partitioned_joins_over_blocking_inputs_that_decide_each_probe_row_alone
         pipelined_join_graph("select big.b from small join big on small.a = big.a").await;
     assert!(pipelined.skew_joins().is_empty());
 }
+
+fn single_task_options(limit: u64) -> JobGraphOptions {
+    JobGraphOptions {
+        single_task_bytes: Some(limit),
+        ..JobGraphOptions::default()
+    }
+}
+
+/// The bytes the in-memory table `name` of [`context`] holds, as the single-task rule counts them.
+async fn memory_bytes(ctx: &SessionContext, name: &str) -> u64 {
+    let batches: Vec<RecordBatch> = ctx.table(name).await.unwrap().collect().await.unwrap();
+    batches
+        .iter()
+        .map(|b| b.get_array_memory_size() as u64)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_job_reading_at_most_the_single_task_bytes_runs_whole_as_one_task() {
+    let ctx = context(&[]);
+    let sql = "select b, count(*) from big group by b order by b";
+    let read = memory_bytes(&ctx, "big").await;
+    let g = JobGraph::try_new_with(plan(&ctx, sql).await, &single_task_options(read)).unwrap();
+    assert_eq!(g.stages().len(), 1);
+    let only = &g.stages()[0];
+    assert_eq!(only.partitions(), 1);
+    assert_eq!(only.placement, TaskPlacement::Worker);
+    assert!(only.inputs.is_empty());
+    // The whole plan, its exchange kept inside the task.
+    let plan_text = text(&only.plan);
+    assert!(
+        plan_text.starts_with("SortPreservingMergeExec"),
+        "{plan_text}"
+    );
+    assert!(
+        plan_text.contains("RepartitionExec: partitioning=Hash"),
+        "{plan_text}"
+    );
+    let single = g.single_task().unwrap();
+    assert_eq!((single.read_bytes, single.limit_bytes), (read, read));
+    let explained = sluice_planner::explain::explain_text(&g);
+    assert_eq!(
+        explained.lines().next().unwrap(),
+        format!(
+            "Single task: the scans read {read} bytes, at most sluice.single_task_bytes = {read}: \
+             the whole plan runs in one task, its exchanges in memory"
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_job_reading_one_byte_more_than_the_single_task_bytes_is_cut_into_stages() {
+    let ctx = context(&[]);
+    let sql = "select b, count(*) from big group by b order by b";
+    let read = memory_bytes(&ctx, "big").await;
+    let g = JobGraph::try_new_with(plan(&ctx, sql).await, &single_task_options(read - 1)).unwrap();
+    assert_eq!(g.single_task(), None);
+    let cut = graph(sql).await;
+    assert_eq!(g.stages().len(), cut.stages().len());
+    assert!(g.stages().len() > 1);
+    assert_no_exchange_inside_stages(&g);
+    assert!(!sluice_planner::explain::explain_text(&g).contains("Single task"));
+}
+
+#[tokio::test]
+async fn a_small_job_of_several_partitions_is_coalesced_to_one_and_reads_both_tables() {
+    let ctx = context(&[]);
+    let read = memory_bytes(&ctx, "big").await + memory_bytes(&ctx, "small").await;
+    let sql = "select big.a from big join small on big.a = small.a";
+    let g = JobGraph::try_new_with(plan(&ctx, sql).await, &single_task_options(read)).unwrap();
+    assert_eq!(g.single_task().unwrap().read_bytes, read);
+    let only = &g.stages()[0];
+    assert_eq!(only.partitions(), 1);
+    assert!(text(&only.plan).starts_with("CoalescePartitionsExec"));
+}
+
+#[tokio::test]
+async fn a_job_with_a_driver_only_node_is_cut_however_little_it_reads() {
+    let ctx = context(&[]);
+    let sql = "select value * 2 from generate_series(1, 100)";
+    let g = JobGraph::try_new_with(plan(&ctx, sql).await, &single_task_options(u64::MAX)).unwrap();
+    assert_eq!(g.single_task(), None);
+    assert_eq!(g.stages()[0].placement, TaskPlacement::Driver);
+}

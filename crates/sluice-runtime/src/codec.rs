@@ -502,14 +502,22 @@ pub fn distributed_graph_options_with(exchange: sluice_planner::OutputMode) -> J
 }
 
 /// `options` with the switches a session's settings turn: runtime filters follow
-/// `datafusion.optimizer.enable_dynamic_filter_pushdown`.
+/// `datafusion.optimizer.enable_dynamic_filter_pushdown`, small jobs run as one task under
+/// `sluice.single_task_bytes` (when not 0).
 pub fn with_session_switches(
     options: JobGraphOptions,
     settings: &datafusion::common::config::ConfigOptions,
 ) -> JobGraphOptions {
+    let single_task_bytes = settings
+        .extensions
+        .get::<crate::options::SluiceOptions>()
+        .map_or(crate::options::SINGLE_TASK_BYTES, |sluice| {
+            sluice.single_task_bytes
+        });
     JobGraphOptions {
         runtime_filters: options.runtime_filters
             && settings.optimizer.enable_dynamic_filter_pushdown,
+        single_task_bytes: (single_task_bytes > 0).then_some(single_task_bytes),
         ..options
     }
 }

@@ -29,11 +29,19 @@ pub struct SluiceOptions {
     pub broadcast_join_switch: bool,
     /// The most bytes a build side may hold for that switch.
     pub broadcast_join_switch_bytes: u64,
+    /// Run a job whose scans read at most this many bytes whole, as one task on one worker,
+    /// instead of as stages of tasks (`sluice_planner::job_graph::single_task`); 0 cuts every job.
+    pub single_task_bytes: u64,
 }
 
 /// The default of `sluice.broadcast_join_switch_bytes`: the distributed planner's static broadcast
 /// threshold (`sluice_planner::DISTRIBUTED_BROADCAST_THRESHOLD`).
 pub const BROADCAST_JOIN_SWITCH_BYTES: u64 = 10 * 1024 * 1024;
+
+/// The default of `sluice.single_task_bytes`: 32 MiB, a quarter of the bytes one Spark task
+/// scans by default (`spark.sql.files.maxPartitionBytes`, 128 MiB). TPC-H SF 0.01 (3.5 MB) runs
+/// as one task per query, SF 1 (316 MB) is cut as before.
+pub const SINGLE_TASK_BYTES: u64 = 32 * 1024 * 1024;
 
 impl Default for SluiceOptions {
     fn default() -> Self {
@@ -43,12 +51,13 @@ impl Default for SluiceOptions {
             skew_join_min_rows: 100_000,
             broadcast_join_switch: true,
             broadcast_join_switch_bytes: BROADCAST_JOIN_SWITCH_BYTES,
+            single_task_bytes: SINGLE_TASK_BYTES,
         }
     }
 }
 
 /// Every setting: its name (after `sluice.`) and its description.
-const SETTINGS: [(&str, &str); 5] = [
+const SETTINGS: [(&str, &str); 6] = [
     (
         "skew_join_split",
         "With blocking exchanges, spread a skewed partition of a partitioned hash join (probe rows \
@@ -71,6 +80,12 @@ const SETTINGS: [(&str, &str); 5] = [
     (
         "broadcast_join_switch_bytes",
         "The most bytes a build side may hold for a partitioned hash join to become a broadcast join",
+    ),
+    (
+        "single_task_bytes",
+        "Distributed modes: run a query whose scans read at most this many bytes (file byte \
+         ranges, in-memory tables) whole, as one task on one worker, instead of as stages of \
+         tasks joined by shuffles; 0 cuts every query into stages",
     ),
 ];
 
@@ -104,6 +119,7 @@ impl ExtensionOptions for SluiceOptions {
             "skew_join_min_rows" => self.skew_join_min_rows = number(value)?,
             "broadcast_join_switch" => self.broadcast_join_switch = flag(value)?,
             "broadcast_join_switch_bytes" => self.broadcast_join_switch_bytes = number(value)?,
+            "single_task_bytes" => self.single_task_bytes = number(value)?,
             _ => {
                 let names: Vec<String> = SETTINGS
                     .iter()
@@ -125,6 +141,7 @@ impl ExtensionOptions for SluiceOptions {
             self.skew_join_min_rows.to_string(),
             self.broadcast_join_switch.to_string(),
             self.broadcast_join_switch_bytes.to_string(),
+            self.single_task_bytes.to_string(),
         ];
         SETTINGS
             .iter()
@@ -206,7 +223,7 @@ mod tests {
             shipped.get("sluice.skew_join_factor").map(String::as_str),
             Some("7")
         );
-        assert_eq!(shipped.len(), 5, "{shipped:?}");
+        assert_eq!(shipped.len(), 6, "{shipped:?}");
         let read = sluice_options_of(&shipped).unwrap();
         assert_eq!(
             (

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sluice_engine::catalog::table_at;
+use sluice_engine::config::ConfigLayer;
 use sluice_engine::{SluiceConfig, SluiceSession};
 use sluice_server::rest::{RestEndpoint, RestOptions};
 use sluice_server::users::{Users, Verifier};
@@ -129,7 +130,14 @@ async fn the_job_shapes_of_the_rest_api_match_their_golden_files() {
     let path = dir.path().join("t.csv");
     std::fs::write(&path, "a,b\n1,x\n2,y\n3,z\n4,x\n").unwrap();
     let runner = Arc::new(sluice_runtime::LocalGraphRunner::default());
-    let mut base = SluiceSession::new(&SluiceConfig::default(), runner).unwrap();
+    // A job of stages (not one task, as so small a query would run by default) shows every shape.
+    let mut config = SluiceConfig::default();
+    let cut = ConfigLayer {
+        session: vec![("sluice.single_task_bytes".into(), "0".into())],
+        ..Default::default()
+    };
+    config.apply(cut, "test").unwrap();
+    let mut base = SluiceSession::new(&config, runner).unwrap();
     base.register_table(table_at("t", &path).unwrap())
         .await
         .unwrap();

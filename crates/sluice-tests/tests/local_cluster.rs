@@ -1355,3 +1355,90 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
     }
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
+
+/// `sluice.single_task_bytes` at 64 MiB: every TPC-H query at SF 0.01 (3.5 MB) runs as one task.
+const SINGLE_TASK: [(&str, &str); 1] = [("sluice.single_task_bytes", "67108864")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_tpch_jobs_run_as_one_task_each_with_the_answers_of_local_mode() {
+    let (hook, seen) = counting_hook(|_| false);
+    let local = session(ExecutionMode::Local, &[]).await;
+    let runner = cluster_runner(2, Some(hook));
+    let cluster = tpch_session(
+        ExecutionMode::LocalCluster,
+        &SINGLE_TASK,
+        Arc::new(runner.clone()),
+    )
+    .await;
+    for number in 1..=22u8 {
+        let query = tpch_query(number, 0.01).unwrap();
+        let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+        let actual = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
+        assert_eq!(actual, expected, "q{number}");
+    }
+    // One attempt of one task (stage 0, partition 0) per job, and no other.
+    let jobs = runner.driver().unwrap().jobs().await.unwrap();
+    assert!(jobs.len() >= 22, "{} jobs", jobs.len());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, HashMap::from([((0, 0, 0), jobs.len())]));
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_task_job_whose_first_attempt_fails_is_retried_and_the_answer_is_right() {
+    let (hook, seen) = counting_hook(|key| key.attempt == 0);
+    let local = session(ExecutionMode::Local, &[]).await;
+    let runner = cluster_runner(2, Some(hook));
+    let cluster = tpch_session(
+        ExecutionMode::LocalCluster,
+        &SINGLE_TASK,
+        Arc::new(runner.clone()),
+    )
+    .await;
+    let query = tpch_query(Q3, 0.01).unwrap();
+    let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+    let actual = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
+    assert_eq!(actual, expected);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, HashMap::from([((0, 0, 0), 1), ((0, 0, 1), 1)]));
+}
+
+/// The first line of `EXPLAIN DISTRIBUTED` of q3 in `session`, and its count of stages.
+async fn explained_q3(session: &SluiceSession) -> (String, usize) {
+    let query = tpch_query(Q3, 0.01).unwrap();
+    let sql = &query.statements[query.result_statement];
+    let rows = rows_of(session, &format!("EXPLAIN DISTRIBUTED {sql}")).await;
+    let text = rows.concat().join("\n");
+    let stages = text.lines().filter(|l| l.starts_with("Stage ")).count();
+    (text.lines().next().unwrap().to_string(), stages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_distributed_says_a_job_runs_as_one_task_and_one_byte_less_cuts_it() {
+    let small = session(ExecutionMode::LocalCluster, &SINGLE_TASK).await;
+    let (first, stages) = explained_q3(&small).await;
+    assert_eq!(stages, 1, "{first}");
+    let read: u64 = first
+        .strip_prefix("Single task: the scans read ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    // customer, orders and lineitem at SF 0.01: about 3 MB of Parquet.
+    assert!((1_000_000..4_000_000).contains(&read), "{first}");
+    let at_limit = read.to_string();
+    let exact = session(
+        ExecutionMode::LocalCluster,
+        &[("sluice.single_task_bytes", at_limit.as_str())],
+    )
+    .await;
+    assert_eq!(explained_q3(&exact).await.1, 1);
+    let below = (read - 1).to_string();
+    let cut = session(
+        ExecutionMode::LocalCluster,
+        &[("sluice.single_task_bytes", below.as_str())],
+    )
+    .await;
+    let (first, stages) = explained_q3(&cut).await;
+    assert!(first.starts_with("Stage 0: "), "{first}");
+    assert!(stages > 1, "{stages}");
+}

@@ -239,6 +239,50 @@ async fn insert_into_an_external_table_writes_through_the_workers_and_reads_back
     );
 }
 
+/// A write is never run as a single task, however little it reads: its commit runs on the driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_insert_is_cut_into_write_tasks_and_a_commit_even_below_the_single_task_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("nations");
+    std::fs::create_dir(&table).unwrap();
+    let cluster = session(
+        ExecutionMode::LocalCluster,
+        &[("sluice.single_task_bytes", "1073741824")],
+    )
+    .await;
+    let create = format!(
+        "CREATE EXTERNAL TABLE nations (k bigint, name varchar) STORED AS CSV LOCATION '{}/' \
+         OPTIONS ('format.has_header' 'true')",
+        table.display()
+    );
+    rows(&cluster, &create).await.unwrap();
+    let explained = rows(
+        &cluster,
+        "EXPLAIN DISTRIBUTED INSERT INTO nations select n_nationkey, n_name from nation",
+    )
+    .await
+    .unwrap()
+    .concat()
+    .join("\n");
+    assert!(!explained.contains("Single task"), "{explained}");
+    assert!(explained.contains("placement=Driver"), "{explained}");
+    let query = explained.contains("FileCommitExec") && explained.contains("FileWriteExec");
+    assert!(query, "{explained}");
+    // A read of the same data below the limit is one task.
+    let read = rows(&cluster, "EXPLAIN DISTRIBUTED select n_name from nation")
+        .await
+        .unwrap()
+        .concat()
+        .join("\n");
+    assert!(read.starts_with("Single task: the scans read "), "{read}");
+    let sql = "INSERT INTO nations select n_nationkey, n_name from nation";
+    assert_eq!(rows(&cluster, sql).await.unwrap(), [["25"]]);
+    let back = rows(&cluster, "select count(*), sum(k) from nations")
+        .await
+        .unwrap();
+    assert_eq!(back, [["25", "300"]]);
+}
+
 /// What Sluice and Spark leave beside data files, a `_SUCCESS` manifest and checksum files, is
 /// not data: a quoted directory and an external table over it read only the files of the data's
 /// extension, with the directory's hive partitions.

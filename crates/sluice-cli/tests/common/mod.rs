@@ -10,13 +10,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{OnceLock, mpsc};
 use std::time::Duration;
 
-/// The `sluice` binary with no `SLUICE_*` variable and no backtraces.
+/// The `sluice` binary with no `SLUICE_*` variable of this process and no backtraces; its jobs are
+/// cut into stages however little they read ([`CUT_EVERY_JOB`]).
 pub fn sluice() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
     command.env_remove("RUST_BACKTRACE");
     without_sluice_env(&mut command);
+    command.env(CUT_EVERY_JOB.0, CUT_EVERY_JOB.1);
     command
 }
+
+/// The environment setting under which the tests' small jobs still run as stages of tasks (not as
+/// one task, `sluice.single_task_bytes`), so they exercise the distributed path. A test of
+/// single-task jobs removes it or overrides it with `--set`.
+pub const CUT_EVERY_JOB: (&str, &str) = ("SLUICE_SET", "sluice.single_task_bytes=0");
 
 /// `command` without the `SLUICE_*` variables of this process.
 pub fn without_sluice_env(command: &mut Command) -> &mut Command {

@@ -26,6 +26,9 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use serde_json::{Value, json};
 
+/// How many fake API servers this process has started: each gets its own block of pod IPs.
+static SERVERS_STARTED: AtomicUsize = AtomicUsize::new(0);
+
 struct FakePod {
     pod: Value,
     pid: Option<u32>,
@@ -81,8 +84,10 @@ impl FakeKube {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        // A second octet of its own per server, so tests running side by side never share a pod IP.
-        let b = 10 + (std::process::id() as usize + address.len() * 7) % 200;
+        // Pod IPs never repeat within one test binary: the third octet counts the servers this process
+        // started, and the second comes from the process id, so binaries side by side differ as well.
+        let b = 10 + std::process::id() as usize % 200;
+        let c = 1 + SERVERS_STARTED.fetch_add(1, Ordering::Relaxed) % 250;
         let shared = Arc::new(Shared {
             pods: Mutex::new(BTreeMap::new()),
             created: Mutex::new(Vec::new()),
@@ -90,7 +95,7 @@ impl FakeKube {
                 .iter()
                 .map(|(n, k, v)| ((n.to_string(), k.to_string()), v.to_string()))
                 .collect(),
-            prefix: format!("127.{b}.{}", listener.local_addr().unwrap().port() % 250),
+            prefix: format!("127.{b}.{c}"),
             next_ip: AtomicUsize::new(2),
             pull_fails: AtomicBool::new(false),
             logs: logs.to_path_buf(),

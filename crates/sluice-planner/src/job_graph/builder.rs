@@ -41,6 +41,24 @@ pub(super) fn build_stages(
     Ok(builder.stages)
 }
 
+/// The one stage of a job run whole as one task: `plan`, uncut, read as one partition.
+pub(super) fn build_whole_plan_stage(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &JobGraphOptions,
+) -> Result<Vec<Stage>> {
+    let mut builder = Builder {
+        options,
+        stages: Vec::new(),
+    };
+    builder.push_stage(
+        coalesce(plan),
+        TaskPlacement::Worker,
+        OutputDistribution::RoundRobin { channels: 1 },
+        OutputMode::Pipelined,
+    )?;
+    Ok(builder.stages)
+}
+
 struct Builder<'a> {
     options: &'a JobGraphOptions,
     stages: Vec<Stage>,

@@ -18,7 +18,8 @@
 //! - every stage plan is a plain DataFusion plan whose only leaves that read other stages are
 //!   `StageInputExec<usize>` indexing that stage's `inputs`; no `RepartitionExec`,
 //!   multi-partition `CoalescePartitionsExec` or multi-partition `SortPreservingMergeExec` remains
-//!   inside a stage;
+//!   inside a stage, except in a job run whole as one task ([`single_task`]): its only stage is the
+//!   whole plan, with one partition;
 //! - a stage that reads a `Forward` input has the producer's partition count at that placeholder;
 //! - every stage but the final one feeds exactly one input of one later stage.
 
@@ -27,6 +28,7 @@ pub mod input_keys;
 pub mod partition_reads;
 pub mod rewrites;
 pub mod runtime_filters;
+pub mod single_task;
 pub mod skew_joins;
 mod wire_fidelity;
 
@@ -42,6 +44,7 @@ use crate::distribution::DistributionRules;
 pub use crate::ids::StageId;
 use crate::topology::JobTopology;
 pub use runtime_filters::RuntimeFilter;
+pub use single_task::SingleTask;
 pub use skew_joins::SkewJoin;
 
 /// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
@@ -289,6 +292,9 @@ pub struct JobGraphOptions {
     /// (see [`runtime_filters`]): on unless the session turned dynamic filters off
     /// (`datafusion.optimizer.enable_dynamic_filter_pushdown`). Only blocking exchanges have any.
     pub runtime_filters: bool,
+    /// Run a job whose leaves read at most this many bytes whole, as one task, instead of cutting
+    /// it into stages (see [`single_task`]); `None` cuts every job.
+    pub single_task_bytes: Option<u64>,
 }
 
 impl fmt::Debug for JobGraphOptions {
@@ -298,6 +304,7 @@ impl fmt::Debug for JobGraphOptions {
             .field("apply_rewrites", &self.apply_rewrites)
             .field("wire_check", &self.wire_check.is_some())
             .field("runtime_filters", &self.runtime_filters)
+            .field("single_task_bytes", &self.single_task_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -310,6 +317,7 @@ impl Default for JobGraphOptions {
             apply_rewrites: true,
             wire_check: None,
             runtime_filters: true,
+            single_task_bytes: None,
         }
     }
 }
@@ -322,6 +330,7 @@ pub struct JobGraph {
     topology: JobTopology,
     runtime_filters: Vec<RuntimeFilter>,
     skew_joins: Vec<SkewJoin>,
+    single_task: Option<SingleTask>,
 }
 
 impl JobGraph {
@@ -334,6 +343,14 @@ impl JobGraph {
     /// Cuts `plan` into stages with `options`.
     pub fn try_new_with(plan: Arc<dyn ExecutionPlan>, options: &JobGraphOptions) -> Result<Self> {
         let schema = plan.schema();
+        if let Some(limit) = options.single_task_bytes
+            && let Some(single) = single_task::single_task_of(&plan, &options.rules, limit)
+        {
+            let stages = builder::build_whole_plan_stage(plan, options)?;
+            let mut graph = Self::from_parts(stages, schema, Vec::new(), Vec::new())?;
+            graph.single_task = Some(single);
+            return Ok(graph);
+        }
         let plan = if options.apply_rewrites {
             rewrites::apply_all(plan)?
         } else {
@@ -395,6 +412,7 @@ impl JobGraph {
             topology,
             runtime_filters,
             skew_joins,
+            single_task: None,
         })
     }
 
@@ -427,6 +445,11 @@ impl JobGraph {
     /// inputs finished (see [`skew_joins`]).
     pub fn skew_joins(&self) -> &[SkewJoin] {
         &self.skew_joins
+    }
+
+    /// Why the job runs whole as one task, when it does (see [`single_task`]).
+    pub fn single_task(&self) -> Option<SingleTask> {
+        self.single_task
     }
 
     /// The task regions, computed once when the graph was built.

@@ -33,13 +33,18 @@ pub fn tpch_dir() -> &'static Path {
     })
 }
 
-/// The configuration of `mode` with 4 target partitions and `settings` on top.
+/// The configuration of `mode` with 4 target partitions and `settings` on top. Jobs are cut into
+/// stages however little they read (`sluice.single_task_bytes` = 0), so the tests exercise the
+/// distributed path on their small data; a test of single-task jobs sets it in `settings`.
 pub fn config(mode: ExecutionMode, settings: &[(&str, &str)]) -> SluiceConfig {
     let mut config = SluiceConfig::default();
-    let mut session = vec![(
-        "datafusion.execution.target_partitions".to_string(),
-        "4".to_string(),
-    )];
+    let mut session = vec![
+        (
+            "datafusion.execution.target_partitions".to_string(),
+            "4".to_string(),
+        ),
+        ("sluice.single_task_bytes".to_string(), "0".to_string()),
+    ];
     session.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let layer = ConfigLayer {
         mode: Some(mode),
