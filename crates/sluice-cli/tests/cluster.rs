@@ -356,6 +356,8 @@ fn chaos(signal: &str, exchange: &str, queries: &str) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/chaos.py");
     let output = Command::new("python3")
         .arg(script)
+        // Its jobs are cut into stages, so a lost worker takes shuffle outputs with it.
+        .env(common::CUT_EVERY_JOB.0, common::CUT_EVERY_JOB.1)
         .args(["--sluice", env!("CARGO_BIN_EXE_sluice")])
         .args(["--data", sf01().to_str().unwrap()])
         .args([

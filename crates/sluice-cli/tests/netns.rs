@@ -99,6 +99,8 @@ impl Netns {
                 command.env_remove(name);
             }
         }
+        // Jobs cut into stages, so workers read from each other across the namespaces.
+        command.env(common::CUT_EVERY_JOB.0, common::CUT_EVERY_JOB.1);
         command
     }
 

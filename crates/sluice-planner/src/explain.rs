@@ -1,11 +1,12 @@
 //! EXPLAIN DISTRIBUTED: a job graph and its topology as text or JSON.
 //!
-//! Text shows each stage (id, placement, partitions, output distribution and mode, inputs) followed
-//! by the runtime filters its plan gets, the skew split the driver may make of it, and its indented
-//! physical plan, then the task regions with their dependencies. JSON has the shape
-//! `{"stages":[{"id","partitions","placement","mode","distribution":{"kind","channels","keys"},
-//! "inputs":[{"stage","mode"}],"runtime_filters":[text],"skew_split":text|null,"plan"}],
-//! "regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
+//! Text starts, for a job run whole as one task, with a line saying so ("Single task: the scans read
+//! N bytes, …"); then shows each stage (id, placement, partitions, output distribution and mode,
+//! inputs) followed by the runtime filters its plan gets, the skew split the driver may make of it,
+//! and its indented physical plan, then the task regions with their dependencies. JSON has the
+//! shape `{"single_task":text|null,"stages":[{"id","partitions","placement","mode",
+//! "distribution":{"kind","channels","keys"},"inputs":[{"stage","mode"}],"runtime_filters":[text],
+//! "skew_split":text|null,"plan"}],"regions":[{"id","tasks":[[stage,partition]],"depends_on"}]}`.
 
 use std::fmt::Write;
 

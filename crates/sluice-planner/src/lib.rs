@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!  physical plan ──rewrites──► JobGraph::try_new ──► stages (plans with StageInputExec<usize>)
+//!        └── reads ≤ single_task_bytes ──────────────► one stage: the whole plan, one task
 //!                                                       │
 //!                                         JobGraph::topology ──► task regions + dependencies (computed once)
 //!                                                       │

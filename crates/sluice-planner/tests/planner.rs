@@ -827,3 +827,26 @@ async fn a_job_with_a_driver_only_node_is_cut_however_little_it_reads() {
     assert_eq!(g.single_task(), None);
     assert_eq!(g.stages()[0].placement, TaskPlacement::Driver);
 }
+
+#[tokio::test]
+async fn a_small_job_whose_whole_plan_fails_the_wire_check_is_cut_so_its_stages_still_reach_workers()
+ {
+    let ctx = context(&[]);
+    let sql = "select b, count(*) from big group by b order by b";
+    // A check that passes every plan but one holding an exchange: only the whole plan has one.
+    let check: sluice_planner::WireCheck = Arc::new(|plan: &Arc<dyn ExecutionPlan>| {
+        (!text(plan).contains("RepartitionExec")).then(bytes::Bytes::new)
+    });
+    let options = JobGraphOptions {
+        wire_check: Some(check),
+        ..single_task_options(u64::MAX)
+    };
+    let g = JobGraph::try_new_with(plan(&ctx, sql).await, &options).unwrap();
+    assert_eq!(g.single_task(), None);
+    assert!(g.stages().len() > 1);
+    assert!(
+        g.stages()
+            .iter()
+            .all(|s| s.placement == TaskPlacement::Worker)
+    );
+}

@@ -66,6 +66,15 @@ async fn cluster_session(
     workers: usize,
     faults: &Arc<FaultPoints>,
 ) -> (SluiceSession, LocalClusterRunner) {
+    cluster_session_with(workers, faults, &[]).await
+}
+
+/// [`cluster_session`] with session `settings`.
+async fn cluster_session_with(
+    workers: usize,
+    faults: &Arc<FaultPoints>,
+    settings: &[(&str, &str)],
+) -> (SluiceSession, LocalClusterRunner) {
     let runner = LocalClusterRunner::with_options(ClusterOptions {
         workers,
         worker: WorkerOptions {
@@ -74,7 +83,12 @@ async fn cluster_session(
         },
         ..ClusterOptions::default()
     });
-    let session = tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await;
+    let session = tpch_session(
+        ExecutionMode::LocalCluster,
+        settings,
+        Arc::new(runner.clone()),
+    )
+    .await;
     (session, runner)
 }
 
@@ -112,4 +126,30 @@ async fn a_producer_that_fails_or_panics_mid_stream_is_retried_in_every_distribu
         let counters = runner.counters().await;
         assert_eq!(counters.regions_retried, 1, "{action}: {counters:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_task_job_failing_mid_stream_is_retried_and_returns_local_modes_rows_once() {
+    // Ordered, and many batches: the job output has taken rows of the first attempt when it fails,
+    // so the second attempt's output resumes after them. (The filter keeps the sort out of the
+    // scan: a scan told to read in the sort's order does not reach workers exactly, and such a
+    // plan is cut instead.)
+    let sql = "select l_orderkey, l_linenumber, l_quantity from lineitem where l_quantity > 0 \
+               order by 1, 2";
+    let expected = rows(&session(ExecutionMode::Local, &[]).await, sql)
+        .await
+        .unwrap();
+    assert!(expected.len() > 50_000, "{} rows", expected.len());
+    let faults = armed("producer_mid_stream=1*error");
+    let one_task = [("sluice.single_task_bytes", "67108864")];
+    let (session, runner) = cluster_session_with(2, &faults, &one_task).await;
+    assert_eq!(rows(&session, sql).await.unwrap(), expected);
+    assert_eq!(faults.fired(FaultPoint::ProducerMidStream), 1);
+    let counters = runner.counters().await;
+    // One task, run twice: its first attempt failed, its region (the task alone) ran again.
+    assert_eq!(
+        (counters.regions_retried, counters.tasks_started),
+        (1, 2),
+        "{counters:?}"
+    );
 }

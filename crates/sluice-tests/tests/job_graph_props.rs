@@ -54,6 +54,8 @@ fn session(mode: ExecutionMode, seed: i64, t_rows: usize, u_rows: usize) -> Slui
         session: vec![
             ("datafusion.execution.target_partitions".into(), "4".into()),
             ("datafusion.execution.batch_size".into(), "7".into()),
+            // Cut every job into stages: the point is to compare the distributed path.
+            ("sluice.single_task_bytes".into(), "0".into()),
         ],
         ..Default::default()
     };

@@ -48,7 +48,8 @@ pub use single_task::SingleTask;
 pub use skew_joins::SkewJoin;
 
 /// DataFusion settings a plan must be planned with before it is cut into a job graph, because its
-/// stages run as separate tasks, each with its own plan instance:
+/// stages run as separate tasks, each with its own plan instance (a job run whole as one task is
+/// planned with them too: whether it is cut is decided after planning, and they cost it only speed):
 /// - a scan must not steal files from its sibling partitions: a task's scan instance would put every
 ///   file group into its one shared queue and its one partition would read them all (rows read N
 ///   times across the N tasks);
@@ -346,10 +347,14 @@ impl JobGraph {
         if let Some(limit) = options.single_task_bytes
             && let Some(single) = single_task::single_task_of(&plan, &options.rules, limit)
         {
-            let stages = builder::build_whole_plan_stage(plan, options)?;
-            let mut graph = Self::from_parts(stages, schema, Vec::new(), Vec::new())?;
-            graph.single_task = Some(single);
-            return Ok(graph);
+            let stages = builder::build_whole_plan_stage(Arc::clone(&plan), options)?;
+            // A whole plan that would not reach a worker exactly is cut as usual instead, so only
+            // the stages that cannot travel run on the driver.
+            if stages.iter().all(|s| s.placement == TaskPlacement::Worker) {
+                let mut graph = Self::from_parts(stages, schema, Vec::new(), Vec::new())?;
+                graph.single_task = Some(single);
+                return Ok(graph);
+            }
         }
         let plan = if options.apply_rewrites {
             rewrites::apply_all(plan)?

@@ -19,12 +19,15 @@
 //!
 //! Invariants: a plan runs as one task only when [`JobGraphOptions::single_task_bytes`] is set and
 //! the bytes its leaves read are known and at most that: every leaf is a file scan (the byte ranges
-//! of its files), an in-memory source (its batches' memory), an empty relation or a placeholder
-//! row; and every node may run on a worker (no driver-only node, nothing unsupported: those jobs
-//! are cut as usual). The plan is run as planned, without the distributed-correctness rewrites
-//! (they exist because a cut plan's partitions run in separate instances; here one instance runs
-//! them all), coalesced to one partition when it has several, as local mode's `execute_stream`
-//! does.
+//! of its files, as stored: compressed Parquet may decode to several times more), an in-memory
+//! source (its batches' memory), an empty relation or a placeholder row; the plan is bounded; every
+//! node may run on a worker (no driver-only node, nothing unsupported); and the whole plan reaches
+//! a worker exactly (the wire check). Any other job is cut as usual. The plan is run as planned (with
+//! the settings distributed planning forces, `DISTRIBUTED_SETTINGS`), without the
+//! distributed-correctness rewrites (they exist because a cut plan's partitions run in separate
+//! instances; here one instance runs them all), coalesced to one partition when it has several, as
+//! local mode's `execute_stream` does. The task holds one slot of its worker and runs every
+//! partition of the plan there, within the task's memory limit if the session set one.
 
 use std::sync::Arc;
 
@@ -32,9 +35,9 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig};
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::distribution::{DistributionRules, NodeDistribution};
 
@@ -53,6 +56,9 @@ pub(super) fn single_task_of(
     rules: &DistributionRules,
     limit_bytes: u64,
 ) -> Option<SingleTask> {
+    if plan.boundedness().is_unbounded() {
+        return None; // an endless source reads no bytes a limit could bound
+    }
     let mut read_bytes = 0u64;
     let mut eligible = true;
     let walked = plan.apply(|node| {
