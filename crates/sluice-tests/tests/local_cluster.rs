@@ -1359,9 +1359,11 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
 /// `sluice.single_task_bytes` at 64 MiB: every TPC-H query at SF 0.01 (3.5 MB) runs as one task.
 const SINGLE_TASK: [(&str, &str); 1] = [("sluice.single_task_bytes", "67108864")];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn small_tpch_jobs_run_as_one_task_each_with_the_answers_of_local_mode() {
-    let (hook, seen) = counting_hook(|_| false);
+/// A 2-worker cluster whose workers run `hook`, with local mode beside it, both over the TPC-H
+/// data; the cluster's session runs small jobs as one task ([`SINGLE_TASK`]).
+async fn single_task_sessions(
+    hook: FaultHook,
+) -> (SluiceSession, LocalClusterRunner, SluiceSession) {
     let local = session(ExecutionMode::Local, &[]).await;
     let runner = cluster_runner(2, Some(hook));
     let cluster = tpch_session(
@@ -1370,6 +1372,13 @@ async fn small_tpch_jobs_run_as_one_task_each_with_the_answers_of_local_mode() {
         Arc::new(runner.clone()),
     )
     .await;
+    (local, runner, cluster)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_tpch_jobs_run_as_one_task_each_with_the_answers_of_local_mode() {
+    let (hook, seen) = counting_hook(|_| false);
+    let (local, runner, cluster) = single_task_sessions(hook).await;
     for number in 1..=22u8 {
         let query = tpch_query(number, 0.01).unwrap();
         let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
@@ -1387,14 +1396,7 @@ async fn small_tpch_jobs_run_as_one_task_each_with_the_answers_of_local_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_task_job_whose_first_attempt_fails_is_retried_and_the_answer_is_right() {
     let (hook, seen) = counting_hook(|key| key.attempt == 0);
-    let local = session(ExecutionMode::Local, &[]).await;
-    let runner = cluster_runner(2, Some(hook));
-    let cluster = tpch_session(
-        ExecutionMode::LocalCluster,
-        &SINGLE_TASK,
-        Arc::new(runner.clone()),
-    )
-    .await;
+    let (local, _runner, cluster) = single_task_sessions(hook).await;
     let query = tpch_query(Q3, 0.01).unwrap();
     let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
     let actual = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();

@@ -27,18 +27,7 @@ pub(super) fn build_stages(
     plan: Arc<dyn ExecutionPlan>,
     options: &JobGraphOptions,
 ) -> Result<Vec<Stage>> {
-    let mut builder = Builder {
-        options,
-        stages: Vec::new(),
-    };
-    let root = builder.split(plan, ChildUsage::Once)?;
-    builder.push_stage(
-        root,
-        TaskPlacement::Worker,
-        OutputDistribution::RoundRobin { channels: 1 },
-        OutputMode::Pipelined,
-    )?;
-    Ok(builder.stages)
+    with_final_stage(options, |builder| builder.split(plan, ChildUsage::Once))
 }
 
 /// The one stage of a job run whole as one task: `plan`, uncut, read as one partition.
@@ -46,12 +35,21 @@ pub(super) fn build_whole_plan_stage(
     plan: Arc<dyn ExecutionPlan>,
     options: &JobGraphOptions,
 ) -> Result<Vec<Stage>> {
+    with_final_stage(options, |_| Ok(coalesce(plan)))
+}
+
+/// The stages `root` pushes, then the final stage: the plan `root` returns, on workers.
+fn with_final_stage(
+    options: &JobGraphOptions,
+    root: impl FnOnce(&mut Builder<'_>) -> Result<Arc<dyn ExecutionPlan>>,
+) -> Result<Vec<Stage>> {
     let mut builder = Builder {
         options,
         stages: Vec::new(),
     };
+    let root = root(&mut builder)?;
     builder.push_stage(
-        coalesce(plan),
+        root,
         TaskPlacement::Worker,
         OutputDistribution::RoundRobin { channels: 1 },
         OutputMode::Pipelined,
