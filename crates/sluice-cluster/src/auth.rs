@@ -241,11 +241,13 @@ impl ClusterLink {
     /// A server builder: it pings its clients as they ping it (a connection whose client went
     /// silent, behind a cut link, is closed after the interval and the timeout, and what its calls
     /// held is let go), and under TLS it presents this process's certificate and requires a client
-    /// certificate signed by the cluster CA.
+    /// certificate signed by the cluster CA. Its clients may send it frames of up to
+    /// [`MAX_FRAME_SIZE`](crate::net::MAX_FRAME_SIZE).
     pub(crate) fn server(&self) -> Result<Server> {
         let server = Server::builder()
             .http2_keepalive_interval(Some(crate::net::KEEP_ALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(crate::net::KEEP_ALIVE_TIMEOUT));
+            .http2_keepalive_timeout(Some(crate::net::KEEP_ALIVE_TIMEOUT))
+            .max_frame_size(crate::net::MAX_FRAME_SIZE);
         match &self.tls {
             None => Ok(server),
             Some(tls) => {

@@ -35,6 +35,7 @@ use datafusion::arrow::datatypes::ByteViewType;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::CompressionType;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -175,6 +176,28 @@ impl FlightService for StreamFlightService {
     }
 }
 
+/// Serves `store` over Flight on a free loopback port, as a worker does (the cluster secret checked,
+/// `compression` applied): the address to read it at, and the server, which stops when dropped.
+/// For tests and benchmarks of the data path; a worker serves its store beside its control service.
+pub async fn serve_on_loopback(
+    store: Arc<StreamStore>,
+    link: &ClusterLink,
+    compression: Option<CompressionType>,
+) -> Result<(String, SpawnedTask<()>)> {
+    let (listener, address) = crate::net::bind("a stream store", "127.0.0.1:0").await?;
+    let flight = crate::auth::guarded(StreamFlightService::new(store, compression), link)?;
+    let server = link
+        .server()?
+        .add_service(flight)
+        .serve_with_incoming(crate::net::incoming(listener));
+    let serving = SpawnedTask::spawn(async move {
+        if let Err(error) = server.await {
+            tracing::warn!(target: "sluice::flight", "a loopback stream server stopped: {error}");
+        }
+    });
+    Ok((address, serving))
+}
+
 /// A batch whose string and binary view columns no longer point into buffers much larger than the
 /// bytes they use. A view array made by `take` (a join's output, a shuffle's gather) shares its
 /// source's whole data buffers; Arrow IPC writes every buffer an array references, so without this a
@@ -209,7 +232,7 @@ fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<
 /// Reads streams from other workers over Flight, carrying the cluster secret; one call per
 /// connection at a time, connections reused from call to call (`flight_pool`).
 #[derive(Debug, Clone)]
-pub(crate) struct FlightFetcher {
+pub struct FlightFetcher {
     link: ClusterLink,
     /// The reading worker's fault points (`flight_fetch` fires before each read).
     faults: Option<Arc<FaultPoints>>,
@@ -577,29 +600,15 @@ mod tests {
     }
 
     /// A stream store served over Flight on loopback: the store, its address, the server.
-    async fn serve_store(
-        link: &ClusterLink,
-    ) -> (
-        Arc<StreamStore>,
-        String,
-        datafusion::common::runtime::SpawnedTask<()>,
-    ) {
+    async fn serve_store(link: &ClusterLink) -> (Arc<StreamStore>, String, SpawnedTask<()>) {
         let store = Arc::new(StreamStore::new(
             "worker 1",
             Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default()),
             Duration::from_secs(5),
         ));
-        let (listener, address) = crate::net::bind("test", "127.0.0.1:0").await.unwrap();
-        let flight =
-            crate::auth::guarded(StreamFlightService::new(Arc::clone(&store), None), link).unwrap();
-        let server = link
-            .server()
-            .unwrap()
-            .add_service(flight)
-            .serve_with_incoming(crate::net::incoming(listener));
-        let serving = datafusion::common::runtime::SpawnedTask::spawn(async move {
-            let _ = server.await;
-        });
+        let (address, serving) = serve_on_loopback(Arc::clone(&store), link, None)
+            .await
+            .unwrap();
         (store, address, serving)
     }
 
@@ -611,6 +620,48 @@ mod tests {
             partition,
             attempt: 0,
         }
+    }
+
+    /// A batch larger than gRPC's default message limit (4 MiB) and than a frame
+    /// ([`MAX_FRAME_SIZE`](crate::net::MAX_FRAME_SIZE)) crosses in several frames and arrives
+    /// whole, after a small one, over one connection.
+    #[tokio::test]
+    async fn a_batch_larger_than_a_frame_and_than_grpcs_message_limit_arrives_whole() {
+        use datafusion::arrow::array::Int64Array;
+        use sluice_planner::OutputMode;
+
+        let link = ClusterLink::new(ClusterSecret::random().unwrap(), None);
+        let (store, address, _serving) = serve_store(&link).await;
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let batch = |rows: i64| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(0..rows))],
+            )
+            .unwrap()
+        };
+        // 6.4 MB of values: 7 frames of at most 1 MiB each.
+        let (large, small) = (batch(800_000), batch(3));
+        assert!(large.get_array_memory_size() > 6 * (crate::net::MAX_FRAME_SIZE as usize));
+        let sender = store
+            .create_output(attempt_key(0), 1, 1, OutputMode::Pipelined, schema.clone())
+            .unwrap();
+        let written = [small.clone(), large.clone(), small.clone()];
+        let writing = async {
+            for batch in written.clone() {
+                assert!(sender.send(0, batch).await.unwrap());
+            }
+            sender.finish();
+        };
+        let reading = FlightFetcher::new(link.clone())
+            .fetch(
+                &address,
+                attempt_key(0).stream(0).replica(0),
+                schema.clone(),
+            )
+            .try_collect::<Vec<_>>();
+        let ((), read) = tokio::join!(writing, reading);
+        assert_eq!(read.unwrap(), written);
     }
 
     #[tokio::test]

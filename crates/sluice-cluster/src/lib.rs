@@ -45,6 +45,8 @@ mod worker_process;
 mod worker_server;
 
 pub use auth::{ClusterLink, ClusterSecret, ClusterTls, TlsFiles};
+pub use flight::{FlightFetcher, serve_on_loopback};
+pub use flight_ipc::encode_stream;
 pub use kubernetes_options::KubernetesOptions;
 pub use local_cluster::{ClusterOptions, ClusterSnapshot, LocalCluster};
 
