@@ -61,7 +61,13 @@ fn runtime_filter_text(graph: &JobGraph, filter: &RuntimeFilter) -> String {
     let place = if filter.target_path.is_empty() {
         "on top of the plan".to_string()
     } else {
-        "on top of the join's probe side".to_string()
+        let node = graph
+            .stage(filter.target)
+            .and_then(|s| node_at(&s.plan, &filter.target_path).ok());
+        match node {
+            Some(node) => format!("on top of its {}", node.name()),
+            None => "on top of a node it no longer has".to_string(),
+        }
     };
     format!(
         "runtime filter: [{}] within stage {}'s [{}], {place}, for {}",

@@ -20,8 +20,9 @@
 //! `O(W)` per stage, not `O(W²)`, and the scheduler tracks a component's unfinished regions with
 //! one counter.
 //!
-//! A runtime filter whose target is another stage than its join's (see `runtime_filters`) adds a
-//! wait: the target stage's regions depend on the filter source's component as if they read it.
+//! A runtime filter whose target stage does not read its source (a stage below the join; see
+//! `runtime_filters`) adds a wait: the target stage's regions depend on the filter source's
+//! component as if they read it.
 
 use std::collections::BTreeSet;
 use std::ops::Range;

@@ -12,8 +12,8 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::distribution::{DistributedExec, NodeDistribution};
 use sluice_planner::{
     DISTRIBUTED_SETTINGS, DistributionRules, InputMode, JobGraph, JobGraphOptions,
-    OutputDistribution, OutputMode, RescaleExec, Stage, StageId, StageInput, StageInputExec,
-    TaskPlacement,
+    OutputDistribution, OutputMode, RescaleExec, RuntimeFilter, Stage, StageId, StageInput,
+    StageInputExec, TaskPlacement,
 };
 
 fn context(settings: &[(&str, &str)]) -> SessionContext {
@@ -627,6 +627,64 @@ async fn a_partitioned_join_filters_its_probe_producer_which_waits_for_the_build
         })
         .unwrap();
     assert_eq!(off.topology().dependency_regions(probe_region), []);
+}
+
+/// A semi join probing an inner join: its keys follow the probe key down through the inner join
+/// (a `big` row whose key the subquery lacks only makes joined rows the semi join drops) and
+/// into `big`'s scan stage when that stage comes after the subquery's.
+#[tokio::test]
+async fn a_semi_joins_filter_follows_its_key_through_an_inner_join_to_a_scan_stage() {
+    let sql = "select big.b from small join big on small.a = big.a \
+               where big.a in (select a from small where b = 1)";
+    let g = blocking_join_graph(sql, true).await;
+    let explained = sluice_planner::explain::explain_text(&g);
+    let semi: Vec<&RuntimeFilter> = g
+        .runtime_filters()
+        .iter()
+        .filter(|f| f.join.contains("Semi"))
+        .collect();
+    let [semi] = semi[..] else {
+        panic!("one semi join filter:\n{explained}");
+    };
+    let stage_of = |needle: &str| {
+        g.stages()
+            .iter()
+            .position(|s| text(&s.plan).contains(needle))
+            .unwrap_or_else(|| panic!("a stage with {needle}:\n{explained}"))
+    };
+    let subquery = stage_of("FilterExec: b@1 = 1");
+    let big_scan = stage_of("DataSourceExec: partitions=4");
+    let joins = stage_of("join_type=RightSemi");
+    // Not on top of the semi join's probe side (the inner join) in its own stage: through the
+    // inner join's `big` side, on top of `big`'s scan stage, which now waits for the subquery.
+    assert_eq!(
+        (semi.source, semi.target, semi.target_path.as_slice()),
+        (StageId(subquery), StageId(big_scan), &[][..]),
+        "{explained}"
+    );
+    assert_eq!(semi.target_columns, [0]);
+    assert!(
+        explained.contains(&format!(
+            "runtime filter: [a@0] within stage {subquery}'s [a@0], on top of the plan, for \
+             HashJoinExec RightSemi on (a@0 = a@0) in stage {joins}"
+        )),
+        "{explained}"
+    );
+    let topology = g.topology();
+    let region = |stage: usize| {
+        topology
+            .region_of(sluice_planner::TaskId {
+                stage: StageId(stage),
+                partition: 0,
+            })
+            .unwrap()
+    };
+    assert!(
+        topology
+            .dependency_regions(region(big_scan))
+            .contains(&region(subquery)),
+        "{explained}"
+    );
 }
 
 #[tokio::test]

@@ -1356,6 +1356,64 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 
+/// q18's semi join (`o_orderkey IN` the orders whose lineitems sum to over 300) probes the inner
+/// join of customer, orders and lineitem. Its build side's keys follow `o_orderkey` down through
+/// that join into the stage before, and there through the customer join to the orders scan, so
+/// that stage writes only the orders the subquery kept (2 at SF 0.01) before lineitem is joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semi_joins_keys_filter_the_scan_below_the_inner_join_it_probes() {
+    let runner = LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        exchange: sluice_planner::OutputMode::Blocking,
+        ..ClusterOptions::default()
+    });
+    let cluster = tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await;
+    let local = session(ExecutionMode::Local, &[]).await;
+    let query = tpch_query(18, 0.01).unwrap();
+    let sql = &query.statements[query.result_statement];
+    let graph = cluster.job_graph(sql).await.unwrap();
+    let explained = sluice_planner::explain::explain_text(&graph);
+    let semi: Vec<_> = graph
+        .runtime_filters()
+        .iter()
+        .filter(|f| f.join.contains("RightSemi"))
+        .collect();
+    let [semi] = semi[..] else {
+        panic!("one semi join filter:\n{explained}");
+    };
+    let text = |plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>| {
+        datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string()
+    };
+    // Not in the semi join's stage: on top of the orders scan, over its first column, o_orderkey.
+    let target = &graph.stages()[semi.target.0].plan;
+    assert!(!text(target).contains("RightSemi"), "{explained}");
+    let node =
+        sluice_planner::job_graph::runtime_filters::node_at(target, &semi.target_path).unwrap();
+    assert!(
+        text(&node).starts_with("DataSourceExec")
+            && text(&node).contains("projection=[o_orderkey, o_custkey"),
+        "{semi:?}\n{explained}"
+    );
+    assert_eq!(semi.target_columns, [0], "{explained}");
+
+    let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+    let answer = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
+    assert_eq!(answer, expected);
+    let job = newest_job(&runner).await;
+    let summaries = stage_summaries(&job.stage_tasks, &job.attempts);
+    assert_eq!(
+        (
+            summaries[semi.source.0].totals.rows,
+            summaries[semi.target.0].totals.rows
+        ),
+        (2, 2),
+        "{explained}"
+    );
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
 /// `sluice.single_task_bytes` at 64 MiB: every TPC-H query at SF 0.01 (3.5 MB) runs as one task.
 const SINGLE_TASK: [(&str, &str); 1] = [("sluice.single_task_bytes", "67108864")];
 

@@ -405,9 +405,15 @@ impl JobGraph {
         if stages.is_empty() {
             return datafusion::common::plan_err!("a job graph needs at least one stage");
         }
+        // A filter's target starts only after its source finished: a target that does not read
+        // the source (a producer below the join) waits for it as if it did.
         let waits: Vec<(StageId, StageId)> = runtime_filters
             .iter()
-            .filter(|f| f.target_path.is_empty())
+            .filter(|f| {
+                stages
+                    .get(f.target.0)
+                    .is_some_and(|t| t.inputs.iter().all(|i| i.stage != f.source))
+            })
             .map(|f| (f.source, f.target))
             .collect();
         let topology = JobTopology::build(&stages, &waits)?;

@@ -11,7 +11,15 @@
 //!
 //! A probe side that is not another stage's output (a broadcast join probing a scan of its own
 //! stage) gets the filter above the join's probe child in the join's stage, which starts after B
-//! anyway.
+//! anyway. The filter goes as deep as the probe keys can be followed: through projections,
+//! filters and either side of an inner join, and on into the stages producing them where the
+//! keys reach a scan, so a semi join's few keys can filter the scans under the inner join that
+//! feeds it:
+//!
+//! ```text
+//!   stage 1 (57 keys) ─Broadcast─► stage 6: RightSemi(l = o) ◄─ Inner(o = l) ◄─ stage 4 ◄─ stage 3 (orders scan)
+//!                                                   filter goes on top of stage 3's plan: o IN (57 keys)
+//! ```
 //!
 //! Invariants of a [`RuntimeFilter`]:
 //! - it only drops probe rows that cannot match: the join's type drops unmatched probe rows (inner,
@@ -27,10 +35,15 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{JoinType, NullEquality, Result, internal_err};
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 
 use super::{OutputMode, Stage};
@@ -95,6 +108,121 @@ fn stage_input_below(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         && sort.fetch().is_none()
     {
         return stage_input_below(sort.input());
+    }
+    None
+}
+
+/// Where a filter on `columns` of the output of `node` (at `path` in `stage`'s plan) goes: the
+/// deepest place below it that sees the same key values, so it drops rows before they are joined,
+/// shuffled or read. It follows the keys down through nodes that neither limit nor change them:
+/// projections and filters that pass the key columns on as they are, unlimited sorts, coalescing
+/// and repartitioning, either side of an inner hash join (a row of one side whose key the build
+/// side lacks only makes joined rows with that key, which the filtered join drops too), and into a
+/// producer stage read by `StageInputExec` when that stage may wait for the filter's `source`
+/// (it comes after it and its output is `Blocking`) and the keys lead to a scan there (a producer
+/// whose keys stop at an aggregate would only wait, for a filter on its output). It stops at any
+/// other node.
+fn deepest_target(
+    stages: &[Stage],
+    source: StageId,
+    stage: StageId,
+    node: &Arc<dyn ExecutionPlan>,
+    path: &mut Vec<usize>,
+    columns: Vec<usize>,
+) -> (StageId, Vec<usize>, Vec<usize>) {
+    let here = |path: &Vec<usize>, columns: Vec<usize>| (stage, path.clone(), columns);
+    if node.fetch().is_some() {
+        return here(path, columns);
+    }
+    if let Some(input) = node.downcast_ref::<StageInputExec<usize>>() {
+        let producer = stages
+            .get(stage.0)
+            .and_then(|s| s.inputs.get(*input.input()))
+            .map(|input| input.stage)
+            .filter(|p| {
+                p.0 > source.0
+                    && stages
+                        .get(p.0)
+                        .is_some_and(|s| s.mode == OutputMode::Blocking)
+            });
+        // Crossing makes the producer wait for the source: worth it only where the filter then
+        // reaches a scan, and drops rows before they are read, shuffled or aggregated.
+        let crossed = producer
+            .and_then(|p| stages.get(p.0).map(|s| (p, s)))
+            .map(|(producer, stage)| {
+                deepest_target(
+                    stages,
+                    source,
+                    producer,
+                    &stage.plan,
+                    &mut Vec::new(),
+                    columns.clone(),
+                )
+            })
+            .filter(|(target, path, _)| {
+                stages
+                    .get(target.0)
+                    .and_then(|stage| node_at(&stage.plan, path).ok())
+                    .is_some_and(|node| node.downcast_ref::<DataSourceExec>().is_some())
+            });
+        return crossed.unwrap_or_else(|| here(path, columns));
+    }
+    let (child, mapped) = match key_origin(node, &columns) {
+        Some(origin) => origin,
+        None => return here(path, columns),
+    };
+    let Some(next) = node.children().get(child).map(|c| Arc::clone(c)) else {
+        return here(path, columns);
+    };
+    path.push(child);
+    let found = deepest_target(stages, source, stage, &next, path, mapped);
+    path.pop();
+    found
+}
+
+/// The child of `node` whose output holds `columns` of `node`'s output unchanged (every row with
+/// those key values passes them on), and their indices there; `None` for any node that is not
+/// known to.
+fn key_origin(node: &Arc<dyn ExecutionPlan>, columns: &[usize]) -> Option<(usize, Vec<usize>)> {
+    let through = |projection: Option<&[usize]>| -> Option<Vec<usize>> {
+        columns
+            .iter()
+            .map(|c| match projection {
+                Some(projection) => projection.get(*c).copied(),
+                None => Some(*c),
+            })
+            .collect()
+    };
+    if node.downcast_ref::<SortExec>().is_some()
+        || node.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || node.downcast_ref::<RepartitionExec>().is_some()
+    {
+        return Some((0, columns.to_vec()));
+    }
+    if let Some(filter) = node.downcast_ref::<FilterExec>() {
+        return Some((0, through(filter.projection().as_deref())?));
+    }
+    if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        let mapped = columns
+            .iter()
+            .map(|c| {
+                let expr = projection.expr().get(*c)?;
+                expr.expr.downcast_ref::<Column>().map(Column::index)
+            })
+            .collect::<Option<Vec<usize>>>()?;
+        return Some((0, mapped));
+    }
+    if let Some(join) = node.downcast_ref::<HashJoinExec>()
+        && *join.join_type() == JoinType::Inner
+    {
+        let joined = through(join.projection.as_deref())?;
+        let left = join.left().schema().fields().len();
+        if joined.iter().all(|c| *c < left) {
+            return Some((0, joined));
+        }
+        if joined.iter().all(|c| *c >= left) {
+            return Some((1, joined.iter().map(|c| c - left).collect()));
+        }
     }
     None
 }
@@ -213,24 +341,18 @@ fn join_filter(
         parts.join_type,
         names.join(", ")
     );
-    // The probe side's producer, when it may wait for the source; else the join's own stage.
-    let producer = stage_input_below(parts.right)
-        .and_then(|i| inputs.get(i))
-        .map(|input| input.stage)
-        .filter(|p| {
-            p.0 > source.0
-                && stages
-                    .get(p.0)
-                    .is_some_and(|s| s.mode == OutputMode::Blocking)
-        });
-    let (target, target_path) = match producer {
-        Some(producer) => (producer, Vec::new()),
-        None => {
-            let mut target_path = path.to_vec();
-            target_path.push(1);
-            (stage, target_path)
-        }
-    };
+    // As deep below the probe side as its keys can be followed (into the stages that produce
+    // it, when they may wait for the source); at least on top of the probe side in this stage.
+    let mut probe_path = path.to_vec();
+    probe_path.push(1);
+    let (target, target_path, target_columns) = deepest_target(
+        stages,
+        source,
+        stage,
+        parts.right,
+        &mut probe_path,
+        target_columns,
+    );
     Some(RuntimeFilter {
         source,
         source_columns,
@@ -285,7 +407,6 @@ mod tests {
     use datafusion::physical_expr::expressions::lit;
     use datafusion::physical_plan::displayable;
     use datafusion::physical_plan::empty::EmptyExec;
-    use datafusion::physical_plan::filter::FilterExec;
     use datafusion::physical_plan::union::UnionExec;
 
     /// `plan` with a `FilterExec` of `predicate` on top of the node at `path`.
