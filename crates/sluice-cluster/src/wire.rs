@@ -497,15 +497,19 @@ pub(crate) fn from_status(status: &tonic::Status, what: &str) -> RemoteError {
 /// the connection failing (the peer vanished, the stream was cut, the call timed out). A status
 /// carrying a Sluice error in its details is always an answer, whatever its code; without details,
 /// `Unavailable`, `DeadlineExceeded`, `Cancelled` (hyper's word for a connection reset mid-stream)
-/// and `Unknown` are no answer.
+/// and `Unknown` are no answer, and neither is a status this side made from a failure of the
+/// connection (it holds that error as its source: an HTTP/2 error such as a frame cut short by a
+/// killed peer becomes `Internal`), since a peer's answer arrives as a status with no source.
 pub(crate) fn peer_answered(status: &tonic::Status) -> bool {
     let carries_error =
         proto::TaskError::decode(status.details()).is_ok_and(|e| !e.root.is_empty());
+    let made_here = std::error::Error::source(status).is_some();
     carries_error
-        || !matches!(
-            status.code(),
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
-        )
+        || !(made_here
+            || matches!(
+                status.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+            ))
 }
 
 /// [`from_status`] for a call to the worker at `peer`: a call it did not answer (see
@@ -674,6 +678,28 @@ pub(crate) mod tests {
             "connection refused"
         )));
         assert!(peer_answered(&tonic::Status::invalid_argument("bad task")));
+    }
+
+    #[test]
+    fn a_status_made_here_from_a_broken_connection_is_no_answer_whatever_its_code() {
+        // What tonic makes of an HTTP/2 error on this side (a peer killed mid-frame): `Internal`,
+        // with the connection's error as its source.
+        let mut cut =
+            tonic::Status::internal("h2 protocol error: error reading a body from connection");
+        cut.set_source(Arc::new(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "frame cut short",
+        )));
+        assert!(!peer_answered(&cut));
+        let error = from_status_at(&cut, "reading s from w", "127.0.0.1:1");
+        assert_eq!(
+            (error.kind, error.peer.as_deref()),
+            (ErrorKind::Transport, Some("127.0.0.1:1"))
+        );
+        // The same code sent by the peer, with no source, is its answer.
+        assert!(peer_answered(&tonic::Status::internal(
+            "h2 protocol error: error reading a body from connection"
+        )));
     }
 
     #[test]

@@ -655,6 +655,19 @@ async fn a_semi_joins_filter_follows_its_key_through_an_inner_join_to_a_scan_sta
     let subquery = stage_of("FilterExec: b@1 = 1");
     let big_scan = stage_of("DataSourceExec: partitions=4");
     let joins = stage_of("join_type=RightSemi");
+    // The semi join probes the inner join in its own stage: the filter went through that join.
+    let semi_join = g.stages()[joins]
+        .plan
+        .children()
+        .into_iter()
+        .nth(1)
+        .map(text);
+    assert!(
+        semi_join.is_some_and(
+            |probe| probe.starts_with("HashJoinExec: mode=Partitioned, join_type=Inner")
+        ),
+        "{explained}"
+    );
     // Not on top of the semi join's probe side (the inner join) in its own stage: through the
     // inner join's `big` side, on top of `big`'s scan stage, which now waits for the subquery.
     assert_eq!(
@@ -682,6 +695,57 @@ async fn a_semi_joins_filter_follows_its_key_through_an_inner_join_to_a_scan_sta
     assert!(
         topology
             .dependency_regions(region(big_scan))
+            .contains(&region(subquery)),
+        "{explained}"
+    );
+}
+
+/// A probe side read as it is from a producer whose keys stop at an aggregate: the producer's
+/// whole plan gets the filter (the driver pushes it down to the aggregate's group keys), and the
+/// producer waits for the build side, as a scan's stage would.
+#[tokio::test]
+async fn a_producer_read_as_it_is_gets_the_filter_on_top_of_its_plan_even_above_an_aggregate() {
+    let sql = "select g.n from (select a, b, count(*) as n from big group by a, b) g \
+               where g.a in (select a from small where b = 1)";
+    let g = blocking_join_graph(sql, true).await;
+    let explained = sluice_planner::explain::explain_text(&g);
+    let [filter] = g.runtime_filters() else {
+        panic!("one filter:\n{explained}");
+    };
+    let stage_of = |needle: &str| {
+        g.stages()
+            .iter()
+            .position(|s| text(&s.plan).contains(needle))
+            .unwrap_or_else(|| panic!("a stage with {needle}:\n{explained}"))
+    };
+    let subquery = stage_of("FilterExec: b@1 = 1");
+    let aggregate = stage_of("AggregateExec: mode=FinalPartitioned");
+    assert!(
+        text(&g.stages()[aggregate].plan).starts_with("ProjectionExec"),
+        "{explained}"
+    );
+    assert_eq!(
+        (
+            filter.source,
+            filter.target,
+            filter.target_path.as_slice(),
+            filter.target_columns.as_slice()
+        ),
+        (StageId(subquery), StageId(aggregate), &[][..], &[0][..]),
+        "{explained}"
+    );
+    let topology = g.topology();
+    let region = |stage: usize| {
+        topology
+            .region_of(sluice_planner::TaskId {
+                stage: StageId(stage),
+                partition: 0,
+            })
+            .unwrap()
+    };
+    assert!(
+        topology
+            .dependency_regions(region(aggregate))
             .contains(&region(subquery)),
         "{explained}"
     );

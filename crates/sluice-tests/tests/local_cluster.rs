@@ -1313,8 +1313,9 @@ async fn a_partitioned_join_whose_build_side_finished_small_becomes_a_broadcast_
     assert!(wait_idle(runner, Duration::from_secs(2)).await.is_idle());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_exchanges() {
+/// A two-worker local cluster with blocking exchanges, a TPC-H (SF 0.01) session on it, and a
+/// local-mode session to compare with.
+async fn blocking_tpch_sessions() -> (LocalClusterRunner, SluiceSession, SluiceSession) {
     let runner = LocalClusterRunner::with_options(ClusterOptions {
         workers: 2,
         exchange: sluice_planner::OutputMode::Blocking,
@@ -1322,6 +1323,12 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
     });
     let cluster = tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await;
     let local = session(ExecutionMode::Local, &[]).await;
+    (runner, cluster, local)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_exchanges() {
+    let (runner, cluster, local) = blocking_tpch_sessions().await;
     for number in [5, 9, 17, 18, 21] {
         let query = tpch_query(number, 0.01).unwrap();
         let sql = &query.statements[query.result_statement];
@@ -1362,13 +1369,7 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
 /// that stage writes only the orders the subquery kept (2 at SF 0.01) before lineitem is joined.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semi_joins_keys_filter_the_scan_below_the_inner_join_it_probes() {
-    let runner = LocalClusterRunner::with_options(ClusterOptions {
-        workers: 2,
-        exchange: sluice_planner::OutputMode::Blocking,
-        ..ClusterOptions::default()
-    });
-    let cluster = tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await;
-    let local = session(ExecutionMode::Local, &[]).await;
+    let (runner, cluster, local) = blocking_tpch_sessions().await;
     let query = tpch_query(18, 0.01).unwrap();
     let sql = &query.statements[query.result_statement];
     let graph = cluster.job_graph(sql).await.unwrap();

@@ -406,13 +406,16 @@ impl JobGraph {
             return datafusion::common::plan_err!("a job graph needs at least one stage");
         }
         // A filter's target starts only after its source finished: a target that does not read
-        // the source (a producer below the join) waits for it as if it did.
+        // the whole source (a producer below the join, or a join reading it `Forward`, partition
+        // by partition) waits for it as if it did.
         let waits: Vec<(StageId, StageId)> = runtime_filters
             .iter()
             .filter(|f| {
-                stages
-                    .get(f.target.0)
-                    .is_some_and(|t| t.inputs.iter().all(|i| i.stage != f.source))
+                stages.get(f.target.0).is_some_and(|t| {
+                    !t.inputs
+                        .iter()
+                        .any(|i| i.stage == f.source && i.mode != InputMode::Forward)
+                })
             })
             .map(|f| (f.source, f.target))
             .collect();

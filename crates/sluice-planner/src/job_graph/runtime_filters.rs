@@ -120,8 +120,9 @@ fn stage_input_below(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
 /// side lacks only makes joined rows with that key, which the filtered join drops too), and into a
 /// producer stage read by `StageInputExec` when that stage may wait for the filter's `source`
 /// (it comes after it and its output is `Blocking`) and the keys lead to a scan there (a producer
-/// whose keys stop at an aggregate would only wait, for a filter on its output). It stops at any
-/// other node.
+/// whose keys stop at an aggregate would wait only to filter its output), or when that producer's
+/// output is the join's probe side as it is (`direct`: only unlimited sorts between them), whose
+/// whole plan then gets the filter. It stops at any other node.
 fn deepest_target(
     stages: &[Stage],
     source: StageId,
@@ -129,6 +130,7 @@ fn deepest_target(
     node: &Arc<dyn ExecutionPlan>,
     path: &mut Vec<usize>,
     columns: Vec<usize>,
+    direct: bool,
 ) -> (StageId, Vec<usize>, Vec<usize>) {
     let here = |path: &Vec<usize>, columns: Vec<usize>| (stage, path.clone(), columns);
     if node.fetch().is_some() {
@@ -145,7 +147,7 @@ fn deepest_target(
                         .get(p.0)
                         .is_some_and(|s| s.mode == OutputMode::Blocking)
             });
-        // Crossing makes the producer wait for the source: worth it only where the filter then
+        // Crossing makes the producer wait for the source: worth it where the filter then
         // reaches a scan, and drops rows before they are read, shuffled or aggregated.
         let crossed = producer
             .and_then(|p| stages.get(p.0).map(|s| (p, s)))
@@ -157,6 +159,7 @@ fn deepest_target(
                     &stage.plan,
                     &mut Vec::new(),
                     columns.clone(),
+                    false,
                 )
             })
             .filter(|(target, path, _)| {
@@ -165,7 +168,13 @@ fn deepest_target(
                     .and_then(|stage| node_at(&stage.plan, path).ok())
                     .is_some_and(|node| node.downcast_ref::<DataSourceExec>().is_some())
             });
-        return crossed.unwrap_or_else(|| here(path, columns));
+        return match (crossed, producer) {
+            (Some(found), _) => found,
+            // The join's probe side is this producer's output as it is: its whole plan gets the
+            // filter (pushed down within it by the driver), as any scan's would.
+            (None, Some(producer)) if direct => (producer, Vec::new(), columns),
+            _ => here(path, columns),
+        };
     }
     let (child, mapped) = match key_origin(node, &columns) {
         Some(origin) => origin,
@@ -174,8 +183,9 @@ fn deepest_target(
     let Some(next) = node.children().get(child).map(|c| Arc::clone(c)) else {
         return here(path, columns);
     };
+    let direct = direct && node.downcast_ref::<SortExec>().is_some();
     path.push(child);
-    let found = deepest_target(stages, source, stage, &next, path, mapped);
+    let found = deepest_target(stages, source, stage, &next, path, mapped, direct);
     path.pop();
     found
 }
@@ -352,6 +362,7 @@ fn join_filter(
         parts.right,
         &mut probe_path,
         target_columns,
+        true,
     );
     Some(RuntimeFilter {
         source,
