@@ -629,6 +629,35 @@ async fn a_partitioned_join_filters_its_probe_producer_which_waits_for_the_build
     assert_eq!(off.topology().dependency_regions(probe_region), []);
 }
 
+/// The first stage of `g` whose plan's text contains `needle`.
+fn stage_containing(g: &JobGraph, needle: &str) -> usize {
+    g.stages()
+        .iter()
+        .position(|s| text(&s.plan).contains(needle))
+        .unwrap_or_else(|| {
+            panic!(
+                "a stage with {needle}:\n{}",
+                sluice_planner::explain::explain_text(g)
+            )
+        })
+}
+
+/// Whether partition 0 of stage `waiting` depends on partition 0 of stage `on`.
+fn waits_for(g: &JobGraph, waiting: usize, on: usize) -> bool {
+    let topology = g.topology();
+    let region = |stage: usize| {
+        topology
+            .region_of(sluice_planner::TaskId {
+                stage: StageId(stage),
+                partition: 0,
+            })
+            .unwrap()
+    };
+    topology
+        .dependency_regions(region(waiting))
+        .contains(&region(on))
+}
+
 /// A semi join probing an inner join: its keys follow the probe key down through the inner join
 /// (a `big` row whose key the subquery lacks only makes joined rows the semi join drops) and
 /// into `big`'s scan stage when that stage comes after the subquery's.
@@ -646,12 +675,7 @@ async fn a_semi_joins_filter_follows_its_key_through_an_inner_join_to_a_scan_sta
     let [semi] = semi[..] else {
         panic!("one semi join filter:\n{explained}");
     };
-    let stage_of = |needle: &str| {
-        g.stages()
-            .iter()
-            .position(|s| text(&s.plan).contains(needle))
-            .unwrap_or_else(|| panic!("a stage with {needle}:\n{explained}"))
-    };
+    let stage_of = |needle: &str| stage_containing(&g, needle);
     let subquery = stage_of("FilterExec: b@1 = 1");
     let big_scan = stage_of("DataSourceExec: partitions=4");
     let joins = stage_of("join_type=RightSemi");
@@ -683,21 +707,7 @@ async fn a_semi_joins_filter_follows_its_key_through_an_inner_join_to_a_scan_sta
         )),
         "{explained}"
     );
-    let topology = g.topology();
-    let region = |stage: usize| {
-        topology
-            .region_of(sluice_planner::TaskId {
-                stage: StageId(stage),
-                partition: 0,
-            })
-            .unwrap()
-    };
-    assert!(
-        topology
-            .dependency_regions(region(big_scan))
-            .contains(&region(subquery)),
-        "{explained}"
-    );
+    assert!(waits_for(&g, big_scan, subquery), "{explained}");
 }
 
 /// A probe side read as it is from a producer whose keys stop at an aggregate: the producer's
@@ -712,12 +722,7 @@ async fn a_producer_read_as_it_is_gets_the_filter_on_top_of_its_plan_even_above_
     let [filter] = g.runtime_filters() else {
         panic!("one filter:\n{explained}");
     };
-    let stage_of = |needle: &str| {
-        g.stages()
-            .iter()
-            .position(|s| text(&s.plan).contains(needle))
-            .unwrap_or_else(|| panic!("a stage with {needle}:\n{explained}"))
-    };
+    let stage_of = |needle: &str| stage_containing(&g, needle);
     let subquery = stage_of("FilterExec: b@1 = 1");
     let aggregate = stage_of("AggregateExec: mode=FinalPartitioned");
     assert!(
@@ -734,21 +739,7 @@ async fn a_producer_read_as_it_is_gets_the_filter_on_top_of_its_plan_even_above_
         (StageId(subquery), StageId(aggregate), &[][..], &[0][..]),
         "{explained}"
     );
-    let topology = g.topology();
-    let region = |stage: usize| {
-        topology
-            .region_of(sluice_planner::TaskId {
-                stage: StageId(stage),
-                partition: 0,
-            })
-            .unwrap()
-    };
-    assert!(
-        topology
-            .dependency_regions(region(aggregate))
-            .contains(&region(subquery)),
-        "{explained}"
-    );
+    assert!(waits_for(&g, aggregate, subquery), "{explained}");
 }
 
 #[tokio::test]
