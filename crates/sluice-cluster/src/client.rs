@@ -7,10 +7,10 @@ use datafusion::common::Result;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use sluice_planner::{AttemptKey, JobId};
-use sluice_runtime::TaskDefinition;
 use sluice_runtime::error::{ErrorKind, RemoteError};
 use sluice_runtime::runner::WorkerState;
 use sluice_runtime::transport::{RunTaskError, WorkerClient};
+use sluice_runtime::{RuntimeFilterUpdate, TaskDefinition};
 
 use crate::auth::{ClusterLink, SecretChannel, connect_lazy};
 use crate::proto;
@@ -115,6 +115,19 @@ impl WorkerClient for GrpcWorkerClient {
                 .release_output(proto::ReleaseOutputRequest { task })
                 .await
                 .map_err(|status| from_status(&status, "ReleaseOutput").to_error())?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn apply_runtime_filter(&self, update: RuntimeFilterUpdate) -> BoxFuture<'static, Result<()>> {
+        let mut client = self.client.clone();
+        async move {
+            let request = crate::wire::encode_filter_update(&update)?;
+            client
+                .apply_runtime_filter(request)
+                .await
+                .map_err(|status| from_status(&status, "ApplyRuntimeFilter").to_error())?;
             Ok(())
         }
         .boxed()

@@ -5,7 +5,8 @@
 //!   caller ─► LocalClusterRunner / LocalCluster::execute(JobGraph)
 //!               │
 //!               ▼
-//!   ClusterDriver: runtime Driver ──GrpcWorkerClient: RunTask/StopTask/ReleaseOutput/CleanUpJob──►
+//!   ClusterDriver: runtime Driver ──GrpcWorkerClient: RunTask/StopTask/ReleaseOutput/CleanUpJob/
+//!                                                     ApplyRuntimeFilter──►
 //!     ▲   DriverService + executor Flight                                     WorkerServer 1..N
 //!     │                                                                         runtime Worker
 //!     └──────────── ReportTaskStatus / Heartbeat (gRPC) ◄──────────────────────  WorkerService + Flight

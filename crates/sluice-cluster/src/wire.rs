@@ -27,7 +27,8 @@ use sluice_runtime::analyze::TaskMetrics;
 use sluice_runtime::codec::SluiceCodec;
 use sluice_runtime::error::{ErrorKind, RemoteError};
 use sluice_runtime::{
-    StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
+    LiveRuntimeFilter, RuntimeFilterUpdate, StagePlan, StreamLocator, TaskDefinition,
+    TaskInputStreams, TaskState, TaskStatusReport,
 };
 use tonic::Code;
 
@@ -234,6 +235,18 @@ pub(crate) fn encode_definition(definition: &TaskDefinition) -> Result<Vec<u8>> 
             .map(|c| to_u32(*c, "summarised column"))
             .collect::<Result<Vec<_>>>()?,
         announce_running: definition.announce_running,
+        runtime_filters: definition
+            .runtime_filters
+            .iter()
+            .map(|f| {
+                Ok(proto::LiveRuntimeFilter {
+                    filter: to_u32(f.filter, "runtime filter")?,
+                    path: to_u32s(&f.path, "runtime filter path")?,
+                    columns: to_u32s(&f.columns, "runtime filter column")?,
+                    summary: f.summary.as_ref().map(|b| b.to_vec()),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
     };
     Ok(message.encode_to_vec())
 }
@@ -309,8 +322,46 @@ pub(crate) fn decode_definition(bytes: &[u8], ctx: &TaskContext) -> Result<TaskD
             .iter()
             .map(|c| *c as usize)
             .collect(),
+        runtime_filters: message
+            .runtime_filters
+            .into_iter()
+            .map(|f| LiveRuntimeFilter {
+                filter: f.filter as usize,
+                path: f.path.iter().map(|i| *i as usize).collect(),
+                columns: f.columns.iter().map(|c| *c as usize).collect(),
+                summary: f.summary.map(bytes::Bytes::from),
+            })
+            .collect(),
         announce_running: message.announce_running,
     })
+}
+
+fn to_u32s(values: &[usize], what: &str) -> Result<Vec<u32>> {
+    values.iter().map(|v| to_u32(*v, what)).collect()
+}
+
+/// A runtime filter update as an `ApplyRuntimeFilter` request.
+pub(crate) fn encode_filter_update(
+    update: &RuntimeFilterUpdate,
+) -> Result<proto::ApplyRuntimeFilterRequest> {
+    Ok(proto::ApplyRuntimeFilterRequest {
+        job: update.job.0,
+        stage: to_u32(update.stage.0, "stage")?,
+        filter: to_u32(update.filter, "runtime filter")?,
+        summary: update.summary.to_vec(),
+    })
+}
+
+/// An `ApplyRuntimeFilter` request as a runtime filter update.
+pub(crate) fn decode_filter_update(
+    message: proto::ApplyRuntimeFilterRequest,
+) -> RuntimeFilterUpdate {
+    RuntimeFilterUpdate {
+        job: JobId(message.job),
+        stage: StageId(message.stage as usize),
+        filter: message.filter as usize,
+        summary: bytes::Bytes::from(message.summary),
+    }
 }
 
 pub(crate) fn error_to_proto(error: &RemoteError) -> proto::TaskError {
@@ -577,6 +628,20 @@ pub(crate) mod tests {
             memory_limit: Some(1 << 30),
             report_plan_metrics: true,
             summarise_columns: vec![1, 0],
+            runtime_filters: vec![
+                LiveRuntimeFilter {
+                    filter: 2,
+                    path: vec![0, 1],
+                    columns: vec![3],
+                    summary: None,
+                },
+                LiveRuntimeFilter {
+                    filter: 0,
+                    path: Vec::new(),
+                    columns: vec![0, 1],
+                    summary: Some(bytes::Bytes::from_static(b"summary")),
+                },
+            ],
             announce_running: true,
         }
     }
@@ -597,7 +662,22 @@ pub(crate) mod tests {
         assert_eq!(back.memory_limit, Some(1 << 30));
         assert!(back.report_plan_metrics);
         assert_eq!(back.summarise_columns, [1, 0]);
+        assert_eq!(back.runtime_filters, definition.runtime_filters);
         assert!(back.announce_running);
+    }
+
+    #[test]
+    fn a_runtime_filter_update_round_trips() {
+        let update = RuntimeFilterUpdate {
+            job: JobId(9),
+            stage: StageId(4),
+            filter: 3,
+            summary: bytes::Bytes::from_static(b"keys"),
+        };
+        let request = encode_filter_update(&update).unwrap();
+        let bytes = request.encode_to_vec();
+        let back = proto::ApplyRuntimeFilterRequest::decode(bytes.as_slice()).unwrap();
+        assert_eq!(decode_filter_update(back), update);
     }
 
     #[test]

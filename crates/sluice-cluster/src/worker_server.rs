@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   RunTask(bytes) ─► wire::decode_definition ─► Worker::run_task ─► (task runtime)
-//!   StopTask / ReleaseOutput / CleanUpJob ─► Worker
+//!   StopTask / ReleaseOutput / CleanUpJob / ApplyRuntimeFilter ─► Worker
 //!   DoGet(TaskStreamKey) ─► the worker's StreamStore
 //!   task reports ─► ReportTaskStatus (DriverService), resent until the driver answers
 //!   every heartbeat interval ─► Heartbeat(known attempts, RunTasks accepted, driver epoch);
@@ -514,6 +514,20 @@ impl WorkerService for WorkerEndpoint {
         let job = sluice_planner::JobId(request.into_inner().job);
         self.worker.clean_up_job(job).map_err(|e| to_status(&e))?;
         Ok(Response::new(proto::CleanUpJobResponse {}))
+    }
+
+    async fn apply_runtime_filter(
+        &self,
+        request: Request<proto::ApplyRuntimeFilterRequest>,
+    ) -> Result<Response<proto::ApplyRuntimeFilterResponse>, Status> {
+        let update = crate::wire::decode_filter_update(request.into_inner());
+        let updated = self
+            .worker
+            .apply_runtime_filter(&update)
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(proto::ApplyRuntimeFilterResponse {
+            updated: updated as u64,
+        }))
     }
 
     async fn get_state(

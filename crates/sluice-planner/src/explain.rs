@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::ids::RegionId;
 use crate::ids::StageId;
 use crate::job_graph::runtime_filters::node_at;
-use crate::job_graph::{JobGraph, RuntimeFilter, Stage};
+use crate::job_graph::{FilterDelivery, JobGraph, RuntimeFilter, Stage};
 use crate::topology::TaskRegion;
 
 fn plan_text(stage: &Stage) -> String {
@@ -69,8 +69,12 @@ fn runtime_filter_text(graph: &JobGraph, filter: &RuntimeFilter) -> String {
             None => "on top of a node it no longer has".to_string(),
         }
     };
+    let when = match filter.delivery {
+        FilterDelivery::BeforeStart => "",
+        FilterDelivery::WhileRunning => ", sent to its running tasks",
+    };
     format!(
-        "runtime filter: [{}] within stage {}'s [{}], {place}, for {}",
+        "runtime filter: [{}] within stage {}'s [{}], {place}{when}, for {}",
         columns(filter.target, &filter.target_path, &filter.target_columns),
         filter.source,
         columns(filter.source, &[], &filter.source_columns),

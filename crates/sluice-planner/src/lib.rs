@@ -30,9 +30,9 @@ pub use ids::{
 pub use job_graph::input_keys::{task_input_keys, task_input_keys_of};
 pub use job_graph::partition_reads::{InputReads, input_reads};
 pub use job_graph::{
-    DISTRIBUTED_BROADCAST_THRESHOLD, DISTRIBUTED_SETTINGS, InputMode, JobGraph, JobGraphOptions,
-    OutputDistribution, OutputMode, RuntimeFilter, SingleTask, SkewJoin, Stage, StageInput,
-    TaskPlacement, WireCheck, WireForm,
+    DISTRIBUTED_BROADCAST_THRESHOLD, DISTRIBUTED_SETTINGS, FilterDelivery, InputMode, JobGraph,
+    JobGraphOptions, OutputDistribution, OutputMode, RuntimeFilter, SingleTask, SkewJoin, Stage,
+    StageInput, TaskPlacement, WireCheck, WireForm,
 };
 pub use plan::rescale::RescaleExec;
 pub use plan::stage_input::StageInputExec;

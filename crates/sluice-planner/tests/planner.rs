@@ -11,7 +11,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displaya
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_planner::distribution::{DistributedExec, NodeDistribution};
 use sluice_planner::{
-    DISTRIBUTED_SETTINGS, DistributionRules, InputMode, JobGraph, JobGraphOptions,
+    DISTRIBUTED_SETTINGS, DistributionRules, FilterDelivery, InputMode, JobGraph, JobGraphOptions,
     OutputDistribution, OutputMode, RescaleExec, RuntimeFilter, Stage, StageId, StageInput,
     StageInputExec, TaskPlacement,
 };
@@ -629,6 +629,65 @@ async fn a_partitioned_join_filters_its_probe_producer_which_waits_for_the_build
     assert_eq!(off.topology().dependency_regions(probe_region), []);
 }
 
+/// With pipelined exchanges the build side's producer runs alongside the probe side's: the filter
+/// is planned all the same, delivered to the probe producer's running tasks, and nothing waits
+/// (both stay in the job's one region).
+#[tokio::test]
+async fn with_pipelined_exchanges_a_join_filters_its_probe_producer_while_it_runs() {
+    let g = pipelined_join_graph("select big.b from small join big on small.a = big.a").await;
+    let explained = sluice_planner::explain::explain_text(&g);
+    let [filter] = g.runtime_filters() else {
+        panic!("one filter: {:?}\n{explained}", g.runtime_filters());
+    };
+    assert_eq!(filter.delivery, FilterDelivery::WhileRunning);
+    let join_stage = stage_containing(&g, "HashJoinExec: mode=Partitioned");
+    let join_inputs: Vec<StageId> = g.stages()[join_stage]
+        .inputs
+        .iter()
+        .map(|i| i.stage)
+        .collect();
+    assert_eq!(join_inputs, [filter.source, filter.target], "{explained}");
+    assert!(filter.target_path.is_empty());
+    assert_eq!(filter.target_columns, [0]);
+    assert!(
+        !waits_for(&g, filter.target.0, filter.source.0),
+        "{explained}"
+    );
+    assert!(
+        explained.contains(&format!(
+            "runtime filter: [a@0] within stage {}'s [a@0], on top of the plan, sent to its \
+             running tasks, for HashJoinExec Inner on (a@0 = a@0) in stage {join_stage}",
+            filter.source
+        )),
+        "{explained}"
+    );
+}
+
+/// A broadcast join probing a scan of its own stage: with pipelined exchanges its filter goes into
+/// that stage, on top of the scan, which prunes with it what it has not read when it arrives.
+#[tokio::test]
+async fn with_pipelined_exchanges_a_broadcast_joins_filter_goes_on_top_of_the_scan_it_probes() {
+    let ctx = context(&[]);
+    let sql = "select big.b from small join big on small.a = big.a";
+    let g = JobGraph::try_new_with(plan(&ctx, sql).await, &JobGraphOptions::default()).unwrap();
+    let explained = sluice_planner::explain::explain_text(&g);
+    let [filter] = g.runtime_filters() else {
+        panic!("one filter: {:?}\n{explained}", g.runtime_filters());
+    };
+    let join_stage = stage_containing(&g, "HashJoinExec: mode=CollectLeft");
+    assert_eq!(
+        (filter.target.0, filter.delivery),
+        (join_stage, FilterDelivery::WhileRunning),
+        "{explained}"
+    );
+    let node = sluice_planner::job_graph::runtime_filters::node_at(
+        &g.stages()[join_stage].plan,
+        &filter.target_path,
+    )
+    .unwrap();
+    assert!(text(&node).starts_with("DataSourceExec"), "{}", text(&node));
+}
+
 /// The first stage of `g` whose plan's text contains `needle`.
 fn stage_containing(g: &JobGraph, needle: &str) -> usize {
     g.stages()
@@ -743,7 +802,7 @@ async fn a_producer_read_as_it_is_gets_the_filter_on_top_of_its_plan_even_above_
 }
 
 #[tokio::test]
-async fn joins_that_keep_unmatched_probe_rows_or_pipelined_exchanges_get_no_filter() {
+async fn joins_that_keep_unmatched_probe_rows_get_no_filter() {
     for sql in [
         "select big.b from small right join big on small.a = big.a",
         "select big.b from small full join big on small.a = big.a",
@@ -767,9 +826,6 @@ async fn joins_that_keep_unmatched_probe_rows_or_pipelined_exchanges_get_no_filt
         panic!("one filter: {:?}", g.runtime_filters());
     };
     assert_eq!(filter.source_columns, [1]);
-    let pipelined =
-        pipelined_join_graph("select big.b from small join big on small.a = big.a").await;
-    assert!(pipelined.runtime_filters().is_empty());
 }
 
 #[tokio::test]

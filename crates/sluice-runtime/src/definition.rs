@@ -19,7 +19,8 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use sluice_planner::{
-    AttemptKey, InputKey, InputMode, OutputDistribution, OutputMode, StageId, StreamId, WorkerId,
+    AttemptKey, InputKey, InputMode, JobId, OutputDistribution, OutputMode, StageId, StreamId,
+    WorkerId,
 };
 
 use crate::analyze::TaskMetrics;
@@ -114,11 +115,43 @@ pub struct TaskDefinition {
     /// Output columns whose key summary the succeeded report carries (`TaskMetrics::key_summary`):
     /// the build keys of a runtime filter whose source is this stage; empty: none.
     pub summarise_columns: Vec<usize>,
+    /// The runtime filters the stage plan gets while it runs (`FilterDelivery::WhileRunning`: the
+    /// stage reads pipelined exchanges); empty: none.
+    pub runtime_filters: Vec<LiveRuntimeFilter>,
     /// The driver acts on this attempt's `Running` report (a final-stage task: the job output
     /// starts reading it then), so it goes out as the attempt starts. Any other attempt reports
     /// `Running` only once it outlives the worker's grace (`worker::attempt::RUNNING_REPORT_GRACE`):
     /// a short task sends its final report alone.
     pub announce_running: bool,
+}
+
+/// A runtime filter a task's plan gets while it runs: a filter that keeps every row goes on top of
+/// the node at `path` (pushed down into its scans) as the task starts, and becomes the source's
+/// key summary when that arrives, with the definition or later ([`RuntimeFilterUpdate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveRuntimeFilter {
+    /// The filter's index in its job graph's `runtime_filters()`.
+    pub filter: usize,
+    /// Child indices from the stage plan's root to the node the filter goes on top of.
+    pub path: Vec<usize>,
+    /// The probe keys, as columns of that node's output.
+    pub columns: Vec<usize>,
+    /// The source's merged key summary (`KeySummary::encode`), if the driver had it when it
+    /// defined the attempt.
+    pub summary: Option<bytes::Bytes>,
+}
+
+/// The key summary of a runtime filter's source, for the running tasks of its target stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeFilterUpdate {
+    /// The job.
+    pub job: JobId,
+    /// The target stage.
+    pub stage: StageId,
+    /// The filter's index in the job graph's `runtime_filters()`.
+    pub filter: usize,
+    /// The source's merged key summary (`KeySummary::encode`).
+    pub summary: bytes::Bytes,
 }
 
 /// What a task attempt's report says.

@@ -45,7 +45,8 @@ pub mod worker;
 pub mod write;
 
 pub use definition::{
-    StagePlan, StreamLocator, TaskDefinition, TaskInputStreams, TaskState, TaskStatusReport,
+    LiveRuntimeFilter, RuntimeFilterUpdate, StagePlan, StreamLocator, TaskDefinition,
+    TaskInputStreams, TaskState, TaskStatusReport,
 };
 pub use driver::{
     Driver, DriverCounters, DriverHandle, DriverOptions, DriverSnapshot, JobLabel, JobProgress,

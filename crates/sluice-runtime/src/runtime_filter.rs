@@ -24,10 +24,17 @@ use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::config::ConfigOptions;
 use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
 use datafusion::logical_expr::{Accumulator, Operator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, in_list, lit};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use sluice_planner::job_graph::runtime_filters::replace_at;
 
 /// The most distinct keys a summary lists; beyond, it keeps bounds only.
 pub const MAX_LISTED_KEYS: usize = 256;
@@ -404,6 +411,38 @@ impl KeySummary {
             .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)))
             .unwrap_or_else(|| lit(true)))
     }
+}
+
+/// `plan` with a `FilterExec` of `predicate` on top of the node at `path` (child indices from the
+/// root), pushed down within that node's subtree (DataFusion's `FilterPushdown`: a Parquet scan
+/// prunes files, row groups and pages with it).
+///
+/// DataFusion runs its filter pushdown before limits are pushed into plans: past a node with a
+/// limit it could filter rows before the limit counts them, so such a subtree keeps the filter on
+/// top, which is always right.
+pub(crate) fn filter_at(
+    plan: Arc<dyn ExecutionPlan>,
+    path: &[usize],
+    predicate: &Arc<dyn PhysicalExpr>,
+    options: &ConfigOptions,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    replace_at(plan, path, &mut |node| {
+        let filtered: Arc<dyn ExecutionPlan> =
+            Arc::new(FilterExec::try_new(Arc::clone(predicate), node)?);
+        if has_limit(&filtered) {
+            Ok(filtered)
+        } else {
+            FilterPushdown::new().optimize(filtered, options)
+        }
+    })
+}
+
+/// Whether a node of `plan` limits its rows (a fetch or a limit node).
+fn has_limit(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.fetch().is_some()
+        || plan.downcast_ref::<GlobalLimitExec>().is_some()
+        || plan.downcast_ref::<LocalLimitExec>().is_some()
+        || plan.children().into_iter().any(has_limit)
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! code in every distributed mode.
 //!
 //! ```text
-//!   driver actor ── WorkerClient (RunTask, StopTask, ReleaseOutput, CleanUpJob) ──► worker
+//!   driver actor ── WorkerClient (RunTask, StopTask, ReleaseOutput, CleanUpJob,
+//!                                 ApplyRuntimeFilter) ──────────────────────────► worker
 //!   worker ──────── StatusReporter (task status reports) ─────────────────────────► driver actor
 //!   task / job output ── StreamFetcher (read a stream held at an address) ────────► a worker's store
 //! ```
@@ -27,7 +28,7 @@ use futures::future::BoxFuture;
 use futures::stream;
 use sluice_planner::{AttemptKey, JobId, StreamId};
 
-use crate::definition::{TaskDefinition, TaskStatusReport};
+use crate::definition::{RuntimeFilterUpdate, TaskDefinition, TaskStatusReport};
 use crate::error::{ErrorKind, RemoteError, transport_error};
 use crate::worker::Worker;
 
@@ -53,6 +54,9 @@ pub trait WorkerClient: Send + Sync + fmt::Debug {
     fn release_output(&self, attempt: AttemptKey) -> BoxFuture<'static, Result<()>>;
     /// Stops every attempt of `job` and removes its streams.
     fn clean_up_job(&self, job: JobId) -> BoxFuture<'static, Result<()>>;
+    /// A runtime filter's key summary for the running tasks of its target stage on this worker
+    /// (and those it starts later).
+    fn apply_runtime_filter(&self, update: RuntimeFilterUpdate) -> BoxFuture<'static, Result<()>>;
 }
 
 /// How a task or the job output reads a stream held by the worker at an address.
@@ -185,6 +189,11 @@ impl WorkerClient for InProcessClient {
 
     fn clean_up_job(&self, job: JobId) -> BoxFuture<'static, Result<()>> {
         let result = self.0.clean_up_job(job);
+        async move { result }.boxed()
+    }
+
+    fn apply_runtime_filter(&self, update: RuntimeFilterUpdate) -> BoxFuture<'static, Result<()>> {
+        let result = self.0.apply_runtime_filter(&update).map(|_| ());
         async move { result }.boxed()
     }
 }

@@ -967,7 +967,8 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
     let scanned = rows_scanned_by_newest_job(&runner).await;
     assert_eq!(scanned, 100_000 + 1000, "every fact and dim row");
 
-    // Pipelined exchanges have none (a probe scan would not wait for its build side).
+    // With pipelined exchanges the probe scan does not wait for its build side: the filter is
+    // sent to it while it runs (what it skips then depends on when the filter arrives).
     let pipelined = runtime_filter_session(
         dir.path(),
         ExecutionMode::LocalGraph,
@@ -975,7 +976,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
         &PARTITIONED_JOINS,
     )
     .await;
-    assert_eq!(runtime_filters_of(&pipelined, sql).await, 0);
+    assert_eq!(runtime_filters_of(&pipelined, sql).await, 1);
     assert_eq!(formatted(&pipelined, sql).await, expected);
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
@@ -1356,6 +1357,46 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
             "q{number}:\n{text}"
         );
         // And the answer is local mode's.
+        let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
+        let answer = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
+        assert_eq!(answer, expected, "q{number}");
+    }
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
+/// With pipelined exchanges every stage runs at once: each filter's summary goes to its target's
+/// running tasks when its source finished. EXPLAIN ANALYZE says so for each, and the answers stay
+/// local mode's (how many rows a filter drops depends on when it arrives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_the_runtime_filters_sent_to_running_tasks_with_pipelined_exchanges()
+{
+    let runner = LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        ..ClusterOptions::default()
+    });
+    let cluster = tpch_session(ExecutionMode::LocalCluster, &[], Arc::new(runner.clone())).await;
+    let local = session(ExecutionMode::Local, &[]).await;
+    for number in [5, 9, 17, 18, 21] {
+        let query = tpch_query(number, 0.01).unwrap();
+        let sql = &query.statements[query.result_statement];
+        let graph = cluster.job_graph(sql).await.unwrap();
+        let filters = graph.runtime_filters();
+        assert!(!filters.is_empty(), "q{number}: no runtime filter");
+        assert!(
+            filters
+                .iter()
+                .all(|f| f.delivery == sluice_planner::FilterDelivery::WhileRunning),
+            "q{number}: {filters:?}"
+        );
+        let outputs = cluster
+            .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
+            .unwrap()
+            .to_string();
+        let sent = text.matches("), sent to the running tasks").count();
+        assert_eq!(sent, filters.len(), "q{number}:\n{text}");
         let expected = format_rows(&run_tpch_query(&local, &query).await.unwrap()).unwrap();
         let answer = format_rows(&run_tpch_query(&cluster, &query).await.unwrap()).unwrap();
         assert_eq!(answer, expected, "q{number}");

@@ -43,7 +43,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use crate::distribution::DistributionRules;
 pub use crate::ids::StageId;
 use crate::topology::JobTopology;
-pub use runtime_filters::RuntimeFilter;
+pub use runtime_filters::{FilterDelivery, RuntimeFilter};
 pub use single_task::SingleTask;
 pub use skew_joins::SkewJoin;
 
@@ -291,7 +291,8 @@ pub struct JobGraphOptions {
     pub wire_check: Option<WireCheck>,
     /// Filter a join's probe side by what its build side's producer stage held, once it finished
     /// (see [`runtime_filters`]): on unless the session turned dynamic filters off
-    /// (`datafusion.optimizer.enable_dynamic_filter_pushdown`). Only blocking exchanges have any.
+    /// (`datafusion.optimizer.enable_dynamic_filter_pushdown`). With blocking exchanges the target
+    /// waits for the filter; with pipelined ones the filter reaches its running tasks.
     pub runtime_filters: bool,
     /// Run a job whose leaves read at most this many bytes whole, as one task, instead of cutting
     /// it into stages (see [`single_task`]); `None` cuts every job.
@@ -410,6 +411,7 @@ impl JobGraph {
         // by partition) waits for it as if it did.
         let waits: Vec<(StageId, StageId)> = runtime_filters
             .iter()
+            .filter(|f| f.delivery == FilterDelivery::BeforeStart)
             .filter(|f| {
                 stages.get(f.target.0).is_some_and(|t| {
                     !t.inputs

@@ -21,15 +21,23 @@
 //!                                                   filter goes on top of stage 3's plan: o IN (57 keys)
 //! ```
 //!
+//! With pipelined exchanges every stage of a job runs at once, so nothing waits: the target's
+//! tasks start with an empty filter in place, and the driver sends the predicate to them once the
+//! source finished ([`FilterDelivery::WhileRunning`]); it drops what they have not read yet. Such
+//! a filter is only planned where it reaches a scan or a producer's output before its shuffle
+//! (the probe rows a join's own stage reads were shuffled already).
+//!
 //! Invariants of a [`RuntimeFilter`]:
 //! - it only drops probe rows that cannot match: the join's type drops unmatched probe rows (inner,
 //!   left outer, semi and anti joins on the build side, right semi; not a `NOT IN` anti join, whose
 //!   one `NULL` probe key empties its output, nor a mark join), keys are plain columns of equal,
 //!   totally ordered types compared with `NULL` never equal to `NULL`;
-//! - its source stage is `Blocking` and a whole build side: the filter is built from every row;
-//! - a target that is another stage comes after the source in stage order and is `Blocking` too,
-//!   so the topology can make the target's region wait for the source (each is the last stage of
-//!   its component); otherwise the filter goes into the join's own stage.
+//! - its source stage is a whole build side: the filter is built from every row, once the
+//!   source finished;
+//! - a target that is another stage comes after the source in stage order (it cannot feed it);
+//!   delivered before the target starts, source and target are `Blocking`, so the topology can
+//!   make the target's region wait for the source (each is the last stage of its component);
+//!   otherwise the filter goes into the join's own stage.
 
 use std::sync::Arc;
 
@@ -67,6 +75,22 @@ pub struct RuntimeFilter {
     pub target_columns: Vec<usize>,
     /// The join, for EXPLAIN: `HashJoinExec Inner on (a = b)` and the stage holding it.
     pub join: String,
+    /// When the filter reaches its target.
+    pub delivery: FilterDelivery,
+}
+
+/// When a runtime filter reaches its target: before the target starts (its source is `Blocking`,
+/// so the target can wait for it), or while the target runs (a `Pipelined` source runs alongside
+/// its target, which cannot wait for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterDelivery {
+    /// The target waits for the source, and every task of it runs the filtered plan.
+    BeforeStart,
+    /// The target's tasks start with an empty filter (a `DynamicFilterPhysicalExpr` that keeps
+    /// every row) in place; once the source finished, the driver sends the predicate to the
+    /// running tasks, and it applies to what they have not read yet (an attempt started later
+    /// gets it with its definition).
+    WhileRunning,
 }
 
 /// Whether unmatched probe (right) rows leave no trace in the join's output.
@@ -112,26 +136,41 @@ fn stage_input_below(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     None
 }
 
+/// What a filter's way down depends on: the job's stages, the filter's source, and how the filter
+/// is delivered (see [`deepest_target`]).
+#[derive(Clone, Copy)]
+struct Way<'a> {
+    stages: &'a [Stage],
+    source: StageId,
+    delivery: FilterDelivery,
+}
+
 /// Where a filter on `columns` of the output of `node` (at `path` in `stage`'s plan) goes: the
 /// deepest place below it that sees the same key values, so it drops rows before they are joined,
 /// shuffled or read. It follows the keys down through nodes that neither limit nor change them:
 /// projections and filters that pass the key columns on as they are, unlimited sorts, coalescing
 /// and repartitioning, either side of an inner hash join (a row of one side whose key the build
 /// side lacks only makes joined rows with that key, which the filtered join drops too), and into a
-/// producer stage read by `StageInputExec` when that stage may wait for the filter's `source`
-/// (it comes after it and its output is `Blocking`) and the keys lead to a scan there (a producer
-/// whose keys stop at an aggregate would wait only to filter its output), or when that producer's
+/// producer stage read by `StageInputExec` that comes after the filter's `source` (so it cannot
+/// feed it) and can take the filter (a filter delivered before the target starts needs a
+/// `Blocking` producer, which can wait; one delivered while it runs goes into any producer) when
+/// the keys lead to a scan there (a producer whose keys stop at an aggregate would wait only to
+/// filter its output), or when that producer's
 /// output is the join's probe side as it is (`direct`: only unlimited sorts between them), whose
 /// whole plan then gets the filter. It stops at any other node.
 fn deepest_target(
-    stages: &[Stage],
-    source: StageId,
+    way: Way<'_>,
     stage: StageId,
     node: &Arc<dyn ExecutionPlan>,
     path: &mut Vec<usize>,
     columns: Vec<usize>,
     direct: bool,
 ) -> (StageId, Vec<usize>, Vec<usize>) {
+    let Way {
+        stages,
+        source,
+        delivery,
+    } = way;
     let here = |path: &Vec<usize>, columns: Vec<usize>| (stage, path.clone(), columns);
     if node.fetch().is_some() {
         return here(path, columns);
@@ -143,9 +182,10 @@ fn deepest_target(
             .map(|input| input.stage)
             .filter(|p| {
                 p.0 > source.0
-                    && stages
-                        .get(p.0)
-                        .is_some_and(|s| s.mode == OutputMode::Blocking)
+                    && (delivery == FilterDelivery::WhileRunning
+                        || stages
+                            .get(p.0)
+                            .is_some_and(|s| s.mode == OutputMode::Blocking))
             });
         // Crossing makes the producer wait for the source: worth it where the filter then
         // reaches a scan, and drops rows before they are read, shuffled or aggregated.
@@ -153,8 +193,7 @@ fn deepest_target(
             .and_then(|p| stages.get(p.0).map(|s| (p, s)))
             .map(|(producer, stage)| {
                 deepest_target(
-                    stages,
-                    source,
+                    way,
                     producer,
                     &stage.plan,
                     &mut Vec::new(),
@@ -185,7 +224,7 @@ fn deepest_target(
     };
     let direct = direct && node.downcast_ref::<SortExec>().is_some();
     path.push(child);
-    let found = deepest_target(stages, source, stage, &next, path, mapped, direct);
+    let found = deepest_target(way, stage, &next, path, mapped, direct);
     path.pop();
     found
 }
@@ -342,9 +381,10 @@ fn join_filter(
     let (source_columns, target_columns, names) = key_columns(&parts)?;
     let inputs = &stages.get(stage.0)?.inputs;
     let source = inputs.get(stage_input_below(parts.left)?)?.stage;
-    if stages.get(source.0)?.mode != OutputMode::Blocking {
-        return None;
-    }
+    let delivery = match stages.get(source.0)?.mode {
+        OutputMode::Blocking => FilterDelivery::BeforeStart,
+        OutputMode::Pipelined => FilterDelivery::WhileRunning,
+    };
     let join = format!(
         "{} {:?} on ({}) in stage {stage}",
         parts.name,
@@ -355,15 +395,27 @@ fn join_filter(
     // it, when they may wait for the source); at least on top of the probe side in this stage.
     let mut probe_path = path.to_vec();
     probe_path.push(1);
-    let (target, target_path, target_columns) = deepest_target(
+    let way = Way {
         stages,
         source,
+        delivery,
+    };
+    let (target, target_path, target_columns) = deepest_target(
+        way,
         stage,
         parts.right,
         &mut probe_path,
         target_columns,
         true,
     );
+    // A filter sent while the join's own stage runs, above its probe child there, would only
+    // check rows the join is about to probe anyway (they were read and shuffled already): it is
+    // worth sending where it reaches a scan, or another stage's output before it is shuffled.
+    if delivery == FilterDelivery::WhileRunning && target == stage {
+        let root = &stages.get(stage.0)?.plan;
+        let node = node_at(root, &target_path).ok()?;
+        node.downcast_ref::<DataSourceExec>()?;
+    }
     Some(RuntimeFilter {
         source,
         source_columns,
@@ -371,6 +423,7 @@ fn join_filter(
         target_path,
         target_columns,
         join,
+        delivery,
     })
 }
 

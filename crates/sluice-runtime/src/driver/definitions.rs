@@ -8,19 +8,21 @@
 //!                                      join's whole build side and no probe stream), each resolved
 //!                                      to the producer's latest attempt and where it runs
 //!                                   ─► output: the stage's distribution, replicas and output mode
+//!                                   ─► the runtime filters it gets while it runs, with the key
+//!                                      summary of each whose source finished
 //! ```
 //!
 //! Invariant: every locator names the producer attempt a consumer placed now must read (the latest
 //! one); a producer that was never placed is an error, never a guess.
 
 use datafusion::common::{DataFusionError, Result};
-use sluice_planner::{JobId, TaskAttempt, TaskId};
+use sluice_planner::{FilterDelivery, JobId, StageId, TaskAttempt, TaskId};
 
 use super::broadcast_switch;
 use super::job::JobEntry;
 use super::placement::Location;
 use super::skew_splits::reassign;
-use crate::definition::{StreamLocator, TaskDefinition, TaskInputStreams};
+use crate::definition::{LiveRuntimeFilter, StreamLocator, TaskDefinition, TaskInputStreams};
 use crate::task::task_inputs;
 
 /// The definition of `attempt` of `job`; `address_of` gives each location's data-plane address.
@@ -124,8 +126,27 @@ pub(super) fn task_definition(
             .find(|f| f.source == stage_id)
             .map(|f| f.source_columns.clone())
             .unwrap_or_default(),
+        runtime_filters: live_filters(entry, stage_id),
         announce_running: stage_id == graph.final_stage(),
     })
+}
+
+/// The runtime filters `stage`'s tasks get while they run, with the summary of each whose source
+/// finished already.
+fn live_filters(entry: &JobEntry, stage: StageId) -> Vec<LiveRuntimeFilter> {
+    entry
+        .graph
+        .runtime_filters()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.target == stage && f.delivery == FilterDelivery::WhileRunning)
+        .map(|(index, f)| LiveRuntimeFilter {
+            filter: index,
+            path: f.target_path.clone(),
+            columns: f.target_columns.clone(),
+            summary: entry.live_filters.get(&index).cloned().flatten(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

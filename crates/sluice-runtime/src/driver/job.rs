@@ -74,6 +74,10 @@ pub(super) struct JobEntry {
     /// Per source stage of an applied filter, the summary it was built from (a re-run of the
     /// source is checked against it).
     pub applied_summaries: std::collections::HashMap<StageId, crate::runtime_filter::KeySummary>,
+    /// The runtime filters delivered while their targets run, by index in the graph's list, once
+    /// their source finished: the merged key summary sent (`None`: none could be built). Every
+    /// later attempt of the target gets it with its definition.
+    pub live_filters: std::collections::BTreeMap<usize, Option<bytes::Bytes>>,
     /// Join stages whose skew split was decided (split or not): never again for this job.
     pub skew_decided: std::collections::BTreeSet<StageId>,
     /// The splits decided: every attempt of those stages' tasks reads what they say.
@@ -123,6 +127,7 @@ impl JobEntry {
             filtered_stages: std::collections::BTreeSet::new(),
             stage_notes: Vec::new(),
             applied_summaries: std::collections::HashMap::new(),
+            live_filters: std::collections::BTreeMap::new(),
             skew_decided: std::collections::BTreeSet::new(),
             skew_splits: std::collections::HashMap::new(),
             switch_decided: std::collections::BTreeSet::new(),

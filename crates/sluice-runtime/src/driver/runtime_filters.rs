@@ -10,6 +10,11 @@
 //!          (FilterPushdown) ─► entry.plans[target] (encoded once; unencoded in entry.rewritten)
 //! ```
 //!
+//! A filter delivered while its target runs (pipelined exchanges) leaves the plan as it is: the
+//! target's tasks put an empty filter in place as they start (`worker::live_filters`), and once
+//! the source finished its merged summary goes to the workers running them
+//! ([`RuntimeFilterUpdate`]) and into the definition of every later attempt of the target.
+//!
 //! Invariants: a target's plan is filtered at most once per job (a source run again after a lost
 //! worker changes nothing: a retried target task runs the plan its job chose); a target starts only
 //! after its sources finished (the topology makes it wait), so every one of its tasks runs the
@@ -22,28 +27,118 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
-use sluice_planner::job_graph::runtime_filters::{node_at, replace_at};
-use sluice_planner::{RuntimeFilter, StageId, TaskAttempt, TaskId};
+use sluice_planner::job_graph::runtime_filters::node_at;
+use sluice_planner::{FilterDelivery, JobId, RuntimeFilter, StageId, TaskAttempt, TaskId};
 
 use super::StageNote;
 use super::job::JobEntry;
-use crate::runtime_filter::KeySummary;
+use crate::definition::RuntimeFilterUpdate;
+use crate::runtime_filter::{KeySummary, filter_at};
 
 /// The longest predicate text a note shows.
 const NOTE_PREDICATE_CHARS: usize = 240;
 
-/// Filters every target waiting only for `finished` (now complete); see the module docs.
-pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<StageNote> {
+/// What the filters whose source finished made: notes, and the summaries to send to the running
+/// tasks of the targets of filters delivered while they run.
+#[derive(Debug, Default)]
+pub(super) struct Applied {
+    pub notes: Vec<StageNote>,
+    pub updates: Vec<RuntimeFilterUpdate>,
+}
+
+/// Applies every filter whose sources are all complete now that `finished` is; see the module
+/// docs.
+pub(super) fn apply_ready(entry: &mut JobEntry, job: JobId, finished: StageId) -> Applied {
+    let mut applied = Applied {
+        notes: filter_waiting_targets(entry, finished),
+        updates: Vec::new(),
+    };
+    let graph = Arc::clone(&entry.graph);
+    for (index, filter) in graph.runtime_filters().iter().enumerate() {
+        if filter.source != finished
+            || filter.delivery != FilterDelivery::WhileRunning
+            || entry.live_filters.contains_key(&index)
+        {
+            continue;
+        }
+        let sent = match live_summary(entry, filter) {
+            Ok((summary, note)) => {
+                applied.notes.push(note);
+                summary
+            }
+            Err(e) => {
+                applied.notes.push(StageNote {
+                    target: filter.target,
+                    text: format!(
+                        "runtime filter: none from stage {}, the filter could not be built ({e}), \
+                         for {}",
+                        filter.source, filter.join
+                    ),
+                });
+                None
+            }
+        };
+        if let Some((summary, bytes)) = &sent {
+            entry
+                .applied_summaries
+                .insert(filter.source, summary.clone());
+            applied.updates.push(RuntimeFilterUpdate {
+                job,
+                stage: filter.target,
+                filter: index,
+                summary: bytes.clone(),
+            });
+        }
+        entry
+            .live_filters
+            .insert(index, sent.map(|(_, bytes)| bytes));
+    }
+    applied
+}
+
+/// The merged summary of `filter`'s source and its encoding, checked by building the predicate
+/// for its target (which the note shows); `None` if a source task reported none.
+fn live_summary(
+    entry: &JobEntry,
+    filter: &RuntimeFilter,
+) -> Result<(Option<(KeySummary, bytes::Bytes)>, StageNote)> {
+    let Some(summary) = merged_summary(entry, filter.source)? else {
+        let note = StageNote {
+            target: filter.target,
+            text: format!(
+                "runtime filter: none from stage {} (a task of it reported no key summary), for {}",
+                filter.source, filter.join
+            ),
+        };
+        return Ok((None, note));
+    };
+    let stage = entry
+        .graph
+        .stage(filter.target)
+        .ok_or_else(|| DataFusionError::Internal(format!("no stage {}", filter.target)))?;
+    let node = node_at(&stage.plan, &filter.target_path)?;
+    let predicate = summary.predicate(&node.schema(), &filter.target_columns)?;
+    let bytes = bytes::Bytes::from(summary.encode()?);
+    let note = StageNote {
+        target: filter.target,
+        text: format!(
+            "runtime filter: {} (from stage {}, for {}), sent to the running tasks",
+            shortened(&predicate.to_string()),
+            filter.source,
+            filter.join
+        ),
+    };
+    Ok((Some((summary, bytes)), note))
+}
+
+/// Filters every target waiting only for `finished` (now complete) before it starts.
+fn filter_waiting_targets(entry: &mut JobEntry, finished: StageId) -> Vec<StageNote> {
     let graph = Arc::clone(&entry.graph);
     let targets: BTreeSet<StageId> = graph
         .runtime_filters()
         .iter()
-        .filter(|f| f.source == finished)
+        .filter(|f| f.source == finished && f.delivery == FilterDelivery::BeforeStart)
         .map(|f| f.target)
         .collect();
     let mut notes = Vec::new();
@@ -54,7 +149,7 @@ pub(super) fn apply_ready(entry: &mut JobEntry, finished: StageId) -> Vec<StageN
         let filters: Vec<&RuntimeFilter> = graph
             .runtime_filters()
             .iter()
-            .filter(|f| f.target == target)
+            .filter(|f| f.target == target && f.delivery == FilterDelivery::BeforeStart)
             .collect();
         if !filters.iter().all(|f| entry.stage_complete(f.source)) {
             continue;
@@ -172,33 +267,13 @@ fn filter_stage(
         .stage_plan(target)
         .unwrap_or_else(|| Arc::clone(&stage.plan));
     for (path, predicate) in built {
-        plan = replace_at(plan, &path, &mut |node| {
-            let filtered: Arc<dyn ExecutionPlan> =
-                Arc::new(FilterExec::try_new(Arc::clone(&predicate), node)?);
-            // Pushed down within the filtered subtree only. DataFusion runs its filter pushdown
-            // before limits are pushed into plans: past a node with a limit it could filter rows
-            // before the limit counts them, so such a subtree keeps the filter on top, which is
-            // always right.
-            if has_limit(&filtered) {
-                Ok(filtered)
-            } else {
-                FilterPushdown::new().optimize(filtered, config.options())
-            }
-        })?;
+        plan = filter_at(plan, &path, &predicate, config.options())?;
     }
     Ok(FilteredStage {
         plan: Some(plan),
         applied,
         notes,
     })
-}
-
-/// Whether a node of `plan` limits its rows (a fetch or a limit node).
-fn has_limit(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.fetch().is_some()
-        || plan.downcast_ref::<GlobalLimitExec>().is_some()
-        || plan.downcast_ref::<LocalLimitExec>().is_some()
-        || plan.children().into_iter().any(has_limit)
 }
 
 /// The summary of every task of `source` (their succeeded attempts'), `None` if one has none.

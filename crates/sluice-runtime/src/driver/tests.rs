@@ -41,6 +41,7 @@ enum Call {
     Stop(AttemptKey),
     Release(AttemptKey),
     CleanUp(JobId),
+    Filter(crate::definition::RuntimeFilterUpdate),
 }
 
 /// How a fake worker answers `RunTask`.
@@ -56,6 +57,8 @@ enum Answer {
 struct FakeState {
     calls: Vec<Call>,
     answers: HashMap<(usize, usize, usize), Answer>,
+    /// The runtime filters each attempt's definition carried.
+    live_filters: HashMap<AttemptKey, Vec<crate::definition::LiveRuntimeFilter>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -71,6 +74,20 @@ impl FakeWorker {
             .into_iter()
             .filter_map(|c| match c {
                 Call::Run(key) => Some(key),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn live_filters(&self, attempt: AttemptKey) -> Vec<crate::definition::LiveRuntimeFilter> {
+        self.0.lock().unwrap().live_filters[&attempt].clone()
+    }
+
+    fn filter_updates(&self) -> Vec<crate::definition::RuntimeFilterUpdate> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Filter(update) => Some(update),
                 _ => None,
             })
             .collect()
@@ -100,6 +117,11 @@ impl WorkerClient for FakeWorker {
     ) -> BoxFuture<'static, Result<u64, RunTaskError>> {
         let key = definition.attempt;
         self.log(Call::Run(key));
+        self.0
+            .lock()
+            .unwrap()
+            .live_filters
+            .insert(key, definition.runtime_filters.clone());
         // Accepted in the order asked: the n-th RunTask is the n-th accepted.
         let accepted = self.runs().len() as u64;
         let answer = self
@@ -141,6 +163,14 @@ impl WorkerClient for FakeWorker {
 
     fn clean_up_job(&self, job: JobId) -> BoxFuture<'static, datafusion::common::Result<()>> {
         self.log(Call::CleanUp(job));
+        async { Ok(()) }.boxed()
+    }
+
+    fn apply_runtime_filter(
+        &self,
+        update: crate::definition::RuntimeFilterUpdate,
+    ) -> BoxFuture<'static, datafusion::common::Result<()>> {
+        self.log(Call::Filter(update));
         async { Ok(()) }.boxed()
     }
 }
@@ -1199,4 +1229,181 @@ async fn a_failed_read_from_a_worker_that_still_heartbeats_keeps_it_and_retries_
         "{notices:?}"
     );
     drop(output);
+}
+
+/// `select big.b from small join big on small.a = big.a` over in-memory tables, both sides
+/// hash-shuffled, with pipelined exchanges: one runtime filter, from `small`'s producer stage to
+/// `big`'s, delivered while it runs.
+async fn pipelined_join_graph() -> JobGraph {
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    let mut config = SessionConfig::new().with_target_partitions(2);
+    for (key, value) in sluice_planner::DISTRIBUTED_SETTINGS.iter().chain(&[
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold",
+            "0",
+        ),
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+            "0",
+        ),
+    ]) {
+        config.options_mut().set(key, value).unwrap();
+    }
+    let ctx = SessionContext::new_with_config(config);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int64, true),
+        Field::new("b", DataType::Int64, false),
+    ]));
+    for name in ["big", "small"] {
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(Int64Array::from(vec![3, 4])),
+            ],
+        )
+        .unwrap();
+        let table = MemTable::try_new(Arc::clone(&schema), vec![vec![batch]; 2]).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
+    }
+    let plan = ctx
+        .sql("select big.b from small join big on small.a = big.a")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    JobGraph::try_new_with(plan, &sluice_planner::JobGraphOptions::default()).unwrap()
+}
+
+/// The encoded summary of a build side whose keys are `keys`.
+fn summary_of(keys: &[i64]) -> Vec<u8> {
+    let value = |k: i64| datafusion::common::ScalarValue::Int64(Some(k));
+    let (min, max) = (keys.iter().min().unwrap(), keys.iter().max().unwrap());
+    crate::runtime_filter::KeySummary {
+        bounds: vec![Some((value(*min), value(*max)))],
+        keys: Some(keys.iter().map(|k| vec![value(*k)]).collect()),
+    }
+    .encode()
+    .unwrap()
+}
+
+/// With pipelined exchanges a runtime filter's target runs alongside its source. Once every task
+/// of the source succeeded, the merged summary goes to the worker running the target's tasks (one
+/// update per worker), and an attempt of the target defined later carries it; a re-run of the
+/// source that sees the same keys is no reason to fail.
+#[tokio::test(start_paused = true)]
+async fn a_pipelined_filter_reaches_its_targets_running_tasks_once_its_source_finished() {
+    use crate::definition::RuntimeFilterUpdate;
+    use crate::runtime_filter::KeySummary;
+
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(64, Liveness::InProcess).await;
+    let graph = pipelined_join_graph().await;
+    let [filter] = graph.runtime_filters() else {
+        panic!("one filter: {:?}", graph.runtime_filters());
+    };
+    assert_eq!(
+        filter.delivery,
+        sluice_planner::FilterDelivery::WhileRunning
+    );
+    let (source, target) = (filter.source, filter.target);
+    let output = h.run(graph.clone());
+    settle().await;
+    // The whole job is one region: the target's tasks start with the source's, and without a
+    // summary (their filter keeps every row for now).
+    let runs = worker.runs();
+    let of_stage = |stage: StageId, attempt: usize| -> Vec<AttemptKey> {
+        runs.iter()
+            .filter(|k| k.stage == stage && k.attempt == attempt)
+            .copied()
+            .collect()
+    };
+    let (sources, targets) = (of_stage(source, 0), of_stage(target, 0));
+    assert_eq!((sources.len(), targets.len()), (2, 2), "{runs:?}");
+    let expected_filter = |summary: Option<bytes::Bytes>| {
+        vec![crate::definition::LiveRuntimeFilter {
+            filter: 0,
+            path: filter.target_path.clone(),
+            columns: filter.target_columns.clone(),
+            summary,
+        }]
+    };
+    for key in &targets {
+        assert_eq!(worker.live_filters(*key), expected_filter(None));
+    }
+    for key in &sources {
+        assert_eq!(worker.live_filters(*key), []);
+    }
+
+    // One source task succeeds: nothing is sent yet.
+    let succeed_with = |key: AttemptKey, keys: &[i64]| {
+        h.report(w, key, 1, TaskState::Running);
+        h.report(
+            w,
+            key,
+            2,
+            TaskState::Succeeded(TaskMetrics {
+                rows: keys.len() as u64,
+                elapsed_ms: 1,
+                key_summary: summary_of(keys),
+                ..TaskMetrics::default()
+            }),
+        );
+    };
+    succeed_with(sources[0], &[1, 5]);
+    settle().await;
+    assert_eq!(worker.filter_updates(), []);
+
+    // The other one does: the merged summary goes out once, to the one worker running both
+    // target tasks.
+    succeed_with(sources[1], &[3]);
+    settle().await;
+    let updates = worker.filter_updates();
+    let [update] = updates.as_slice() else {
+        panic!("one update: {updates:?}");
+    };
+    let merged = KeySummary::decode(&update.summary).unwrap();
+    let value = |k: i64| datafusion::common::ScalarValue::Int64(Some(k));
+    assert_eq!(
+        (update.job, update.stage, update.filter, merged.keys),
+        (
+            JobId(1),
+            target,
+            0,
+            Some(vec![vec![value(1)], vec![value(3)], vec![value(5)]])
+        )
+    );
+    let sent: RuntimeFilterUpdate = update.clone();
+
+    // A target task fails: the region runs again, and the target's new attempts carry the summary
+    // from the start.
+    h.report(w, targets[0], 1, TaskState::Running);
+    h.report(w, targets[0], 2, transport("disk gone"));
+    settle().await;
+    let runs = worker.runs();
+    let retried: Vec<AttemptKey> = runs
+        .iter()
+        .filter(|k| k.stage == target && k.attempt == 1)
+        .copied()
+        .collect();
+    assert_eq!(retried.len(), 2, "{runs:?}");
+    for key in retried {
+        assert_eq!(
+            worker.live_filters(key),
+            expected_filter(Some(sent.summary.clone()))
+        );
+    }
+    // The source runs again and sees the same keys: no new update, and the job goes on.
+    for (partition, keys) in [(0, &[1, 5][..]), (1, &[3][..])] {
+        succeed_with(key(1, source.0, partition, 1), keys);
+    }
+    settle().await;
+    assert_eq!(worker.filter_updates(), [sent]);
+    // Had the job failed, its output would have ended with the error.
+    assert_eq!(h.snapshot().await.scheduler_jobs, 1);
+    assert!(!output.is_finished());
+    output.abort();
 }

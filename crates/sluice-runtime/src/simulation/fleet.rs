@@ -76,6 +76,13 @@ impl WorkerClient for SimWorker {
     fn clean_up_job(&self, _job: JobId) -> BoxFuture<'static, Result<()>> {
         futures::future::ready(Ok(())).boxed()
     }
+
+    fn apply_runtime_filter(
+        &self,
+        _update: crate::definition::RuntimeFilterUpdate,
+    ) -> BoxFuture<'static, Result<()>> {
+        futures::future::ready(Ok(())).boxed()
+    }
 }
 
 /// Serves every stream as one row holding its partition: a job's output is one row per final task.

@@ -186,6 +186,19 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
             (plan, context, memory)
         }
     };
+    // Runtime filters delivered while the task runs go in before it starts (they keep every row
+    // until their source's keys arrive); the guard lists them on the worker's board meanwhile.
+    let (plan, _live_filters) = if definition.runtime_filters.is_empty() {
+        (plan, None)
+    } else {
+        let (plan, installed) = shared.live_filters.install(
+            key,
+            plan,
+            &definition.runtime_filters,
+            context.session_config().options(),
+        )?;
+        (plan, Some(installed))
+    };
     let streams = Arc::new(AttemptStreams::try_new(shared, &definition, &plan)?);
     let inputs = streams.inputs().to_vec();
     let task_streams: Arc<dyn TaskStreams> = Arc::clone(&streams) as Arc<dyn TaskStreams>;

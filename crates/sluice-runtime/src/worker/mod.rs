@@ -7,6 +7,7 @@
 //!                                   │ Running ─► StatusReporter (at once if announced, else past the grace)
 //!                                   │ execute: readers ─► stage plan ─► ShuffleWriterExec ─► store
 //!                                   └ Succeeded | Failed(error) | Canceled ─► StatusReporter
+//!   apply_runtime_filter ─► the live filters of the stage's running tasks (see [`live_filters`])
 //!   stop_task ─► the attempt's stop signal (its stream is dropped, its output removed)
 //!   clean_up_job ─► stop the job's attempts, remove its streams
 //! ```
@@ -28,6 +29,7 @@
 
 mod attempt;
 mod configs;
+mod live_filters;
 mod streams;
 
 use std::collections::{HashMap, HashSet};
@@ -36,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::definition::{TaskDefinition, TaskState, TaskStatusReport};
+use crate::definition::{RuntimeFilterUpdate, TaskDefinition, TaskState, TaskStatusReport};
 use crate::faults::FaultPoints;
 use crate::stream_store::{StoreCounts, StreamStore};
 use crate::task_runtime::task_runtime;
@@ -138,6 +140,8 @@ pub(crate) struct WorkerShared {
     template: Arc<TaskContext>,
     /// The session configs built for the settings tasks shipped.
     configs: configs::SessionConfigs,
+    /// The runtime filters running tasks get while they run.
+    live_filters: live_filters::LiveFilters,
     options: WorkerOptions,
 }
 
@@ -194,6 +198,7 @@ impl Worker {
                 reporting: Mutex::new(HashSet::new()),
                 template,
                 configs: configs::SessionConfigs::default(),
+                live_filters: live_filters::LiveFilters::default(),
                 options,
             }),
             attempts: Arc::new(Mutex::new(JoinSet::new())),
@@ -339,8 +344,15 @@ impl Worker {
         Ok(())
     }
 
+    /// A runtime filter's key summary for the running tasks of its target stage (and those this
+    /// worker starts later); answers how many running tasks' filters it completed.
+    pub fn apply_runtime_filter(&self, update: &RuntimeFilterUpdate) -> Result<usize> {
+        self.shared.live_filters.publish(update)
+    }
+
     /// Stops every attempt of `job` and removes its streams.
     pub fn clean_up_job(&self, job: JobId) -> Result<()> {
+        self.shared.live_filters.forget_job(job)?;
         let stopped: Vec<(AttemptKey, Running)> = {
             let mut tasks = self.shared.tasks_lock()?;
             let keys: Vec<AttemptKey> = tasks.keys().filter(|k| k.job == job).copied().collect();

@@ -72,6 +72,7 @@ fn one_batch_task(key: AttemptKey) -> TaskDefinition {
         memory_limit: None,
         report_plan_metrics: false,
         summarise_columns: Vec::new(),
+        runtime_filters: Vec::new(),
         announce_running: true,
     }
 }

@@ -1,6 +1,6 @@
 //! The actor's calls to workers: placing waiting regions on free slots (or failing them after the
 //! capacity wait), starting the placed attempts with their task definitions, stopping attempts,
-//! releasing outputs, and cleaning a job up everywhere. Every call runs on the actor's `JoinSet`;
+//! releasing outputs, sending runtime filters to running tasks, and cleaning a job up everywhere. Every call runs on the actor's `JoinSet`;
 //! its outcome comes back as an event.
 
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use sluice_planner::{AttemptKey, InputMode, JobId, TaskAttempt, TaskId, TaskPlac
 use tokio::time::Instant;
 
 use super::DriverActor;
+use crate::definition::RuntimeFilterUpdate;
 use crate::driver::definitions::task_definition;
 use crate::driver::job::JobEntry;
 use crate::driver::journal::Transition;
@@ -24,6 +25,18 @@ impl DriverActor {
             let stop = client.stop_task(key);
             self.rpcs.spawn(async move {
                 let _ = stop.await;
+            });
+        }
+    }
+
+    pub(super) fn send_filter(&mut self, location: Location, update: RuntimeFilterUpdate) {
+        if let Some(client) = self.registry.client(location) {
+            // A filter that does not arrive leaves its tasks reading every row: a correct answer.
+            let send = client.apply_runtime_filter(update);
+            self.rpcs.spawn(async move {
+                if let Err(e) = send.await {
+                    tracing::debug!(target: "sluice::runtime_filter", "a runtime filter was not delivered: {e}");
+                }
             });
         }
     }

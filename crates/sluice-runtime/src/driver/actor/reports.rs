@@ -175,8 +175,10 @@ impl DriverActor {
         entry.attempts.stage_done(stage_id);
         // Runtime filter predicates hold key values: debug. A broadcast switch not made (a probe
         // side that started first is common): debug.
-        let filtered = crate::driver::runtime_filters::apply_ready(entry, stage_id);
+        let applied = crate::driver::runtime_filters::apply_ready(entry, job, stage_id);
+        let filtered = applied.notes;
         keep_notes!(debug, "sluice::runtime_filter", job, entry, filtered);
+        let filter_updates = applied.updates;
         let (not_switched, switched): (Vec<_>, Vec<_>) =
             crate::driver::broadcast_switch::decide_ready(entry)
                 .into_iter()
@@ -188,6 +190,28 @@ impl DriverActor {
         keep_notes!(debug, "sluice::broadcast_switch", job, entry, not_switched);
         let split = crate::driver::skew_splits::decide_ready(entry, stage_id);
         keep_notes!(info, "sluice::skew_split", job, entry, split);
+        // Each update goes to every worker running a task of its target that has not succeeded
+        // (a task placed from now on gets the summary with its definition).
+        let mut updates = Vec::new();
+        for update in filter_updates {
+            let mut locations: Vec<Location> = Vec::new();
+            for (attempt, location) in &entry.placed {
+                if attempt.task.stage == update.stage
+                    && entry.latest.get(&attempt.task) == Some(&attempt.attempt)
+                    && !entry.succeeded.contains_key(&attempt.task)
+                    && !locations.contains(location)
+                {
+                    locations.push(*location);
+                }
+            }
+            updates.extend(locations.into_iter().map(|l| (l, update.clone())));
+        }
+        for (location, update) in updates {
+            self.send_filter(location, update);
+        }
+        let Some(entry) = self.jobs.get_mut(&job) else {
+            return escaped;
+        };
         let Some(stage) = entry.graph.stage(stage_id) else {
             return escaped;
         };

@@ -1,0 +1,398 @@
+//! Runtime filters a worker's tasks get while they run (`FilterDelivery::WhileRunning`, pipelined
+//! exchanges): the target stage's tasks start before the filter's source finished, so each one
+//! puts a filter that keeps every row (DataFusion's `DynamicFilterPhysicalExpr`) where the filter
+//! goes, and the driver's [`RuntimeFilterUpdate`] later turns it into the predicate of the
+//! source's keys.
+//!
+//! ```text
+//!   attempt starts ─► install: FilterExec(DynamicFilter = true) on top of the node at the path,
+//!                     pushed down into its scan ─► the board lists it under (job, stage, filter)
+//!   driver ─► RuntimeFilterUpdate(job, stage, filter, key summary) ─► publish:
+//!             the board keeps the summary; every listed filter becomes its predicate
+//!             ─► the FilterExec drops rows from its next batch on, the scan prunes the files
+//!                and row groups it has not opened yet
+//!   attempt ends ─► its filters leave the board;  clean_up_job ─► the job's summaries too
+//! ```
+//!
+//! Invariants: a filter only ever drops probe rows whose key the whole build side lacks (the
+//! summary covers every row of the source), so whether and when it arrives changes the work, never
+//! the answer; a summary known before the task starts (with its definition, or published to this
+//! worker already) goes in as a fixed predicate; install and publish take the board's one lock, so
+//! a summary arriving while a task installs its filter reaches it either way.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::config::ConfigOptions;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr, lit};
+use datafusion::physical_plan::ExecutionPlan;
+use sluice_planner::job_graph::runtime_filters::node_at;
+use sluice_planner::{AttemptKey, JobId, StageId};
+
+use crate::definition::{LiveRuntimeFilter, RuntimeFilterUpdate};
+use crate::runtime_filter::{KeySummary, filter_at};
+
+/// The live runtime filters of one worker; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct LiveFilters {
+    board: Mutex<HashMap<(JobId, StageId), StageFilters>>,
+}
+
+/// What a worker knows of the live filters of one stage of one job.
+#[derive(Debug, Default)]
+struct StageFilters {
+    /// Per filter, the source's key summary once it arrived.
+    summaries: HashMap<usize, bytes::Bytes>,
+    /// The filters running attempts installed before their summary was known.
+    installed: Vec<Installed>,
+}
+
+/// One attempt's filter waiting for its summary.
+#[derive(Debug)]
+struct Installed {
+    attempt: AttemptKey,
+    filter: usize,
+    /// The probe keys, as columns of `schema`.
+    columns: Vec<usize>,
+    /// The output schema of the node the filter is on top of: the predicate's columns refer to it.
+    schema: SchemaRef,
+    expr: Arc<DynamicFilterPhysicalExpr>,
+}
+
+/// Takes an attempt's filters off the board when the attempt ends.
+pub(crate) struct InstalledFilters<'a> {
+    filters: &'a LiveFilters,
+    attempt: AttemptKey,
+}
+
+impl Drop for InstalledFilters<'_> {
+    fn drop(&mut self) {
+        let Ok(mut board) = self.filters.lock() else {
+            return;
+        };
+        let key = (self.attempt.job, self.attempt.stage);
+        if let Some(stage) = board.get_mut(&key) {
+            stage.installed.retain(|i| i.attempt != self.attempt);
+        }
+    }
+}
+
+impl LiveFilters {
+    fn lock(&self) -> Result<MutexGuard<'_, HashMap<(JobId, StageId), StageFilters>>> {
+        self.board
+            .lock()
+            .map_err(|_| DataFusionError::Internal("the live runtime filters are poisoned".into()))
+    }
+
+    /// `plan` (attempt `attempt`'s stage plan) with every filter of `filters` in place: a fixed
+    /// predicate where its summary is known, else an empty filter the board lists until the
+    /// returned guard is dropped (when the attempt ends).
+    pub(crate) fn install(
+        &self,
+        attempt: AttemptKey,
+        mut plan: Arc<dyn ExecutionPlan>,
+        filters: &[LiveRuntimeFilter],
+        options: &ConfigOptions,
+    ) -> Result<(Arc<dyn ExecutionPlan>, InstalledFilters<'_>)> {
+        let guard = InstalledFilters {
+            filters: self,
+            attempt,
+        };
+        // Deepest first: a filter put on top of a node does not move the nodes above it.
+        let mut filters: Vec<&LiveRuntimeFilter> = filters.iter().collect();
+        filters.sort_by_key(|f| std::cmp::Reverse(f.path.len()));
+        for filter in filters {
+            let schema = node_at(&plan, &filter.path)?.schema();
+            let predicate = {
+                let mut board = self.lock()?;
+                let stage = board.entry((attempt.job, attempt.stage)).or_default();
+                let known = filter
+                    .summary
+                    .as_ref()
+                    .or_else(|| stage.summaries.get(&filter.filter));
+                match known {
+                    Some(bytes) => {
+                        KeySummary::decode(bytes)?.predicate(&schema, &filter.columns)?
+                    }
+                    None => {
+                        let expr = Arc::new(empty_filter(&schema, &filter.columns)?);
+                        stage.installed.push(Installed {
+                            attempt,
+                            filter: filter.filter,
+                            columns: filter.columns.clone(),
+                            schema,
+                            expr: Arc::clone(&expr),
+                        });
+                        expr as Arc<dyn PhysicalExpr>
+                    }
+                }
+            };
+            plan = filter_at(plan, &filter.path, &predicate, options).map_err(|e| {
+                e.context(format!(
+                    "putting runtime filter {} into the plan of {attempt}",
+                    filter.filter
+                ))
+            })?;
+        }
+        Ok((plan, guard))
+    }
+
+    /// Keeps `update`'s summary for the stage's later attempts on this worker and makes it the
+    /// predicate of every filter its running attempts wait with; answers how many.
+    pub(crate) fn publish(&self, update: &RuntimeFilterUpdate) -> Result<usize> {
+        let summary = KeySummary::decode(&update.summary).map_err(|e| {
+            e.context(format!(
+                "the key summary of runtime filter {} for job {} stage {}",
+                update.filter, update.job, update.stage
+            ))
+        })?;
+        let mut board = self.lock()?;
+        let stage = board.entry((update.job, update.stage)).or_default();
+        stage
+            .summaries
+            .insert(update.filter, update.summary.clone());
+        let mut updated = 0;
+        for installed in stage.installed.iter().filter(|i| i.filter == update.filter) {
+            let predicate = summary.predicate(&installed.schema, &installed.columns)?;
+            installed.expr.update(predicate)?;
+            installed.expr.mark_complete();
+            updated += 1;
+        }
+        Ok(updated)
+    }
+
+    /// Forgets everything about `job`.
+    pub(crate) fn forget_job(&self, job: JobId) -> Result<()> {
+        self.lock()?.retain(|(j, _), _| *j != job);
+        Ok(())
+    }
+}
+
+/// A filter over `columns` of `schema` that keeps every row until it is updated.
+fn empty_filter(schema: &SchemaRef, columns: &[usize]) -> Result<DynamicFilterPhysicalExpr> {
+    let children = columns
+        .iter()
+        .map(|&index| {
+            let field = schema.fields().get(index).ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "a runtime filter on column {index} of a {}-column plan",
+                    schema.fields().len()
+                ))
+            })?;
+            Ok(Arc::new(Column::new(field.name(), index)) as Arc<dyn PhysicalExpr>)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(DynamicFilterPhysicalExpr::new(children, lit(true)))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::collections::BTreeMap;
+
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::ScalarValue;
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::execution::TaskContext;
+    use datafusion::physical_plan::displayable;
+    use futures::StreamExt;
+
+    use super::*;
+
+    /// Rows per batch: a filter hands on a batch this large as soon as it has it.
+    const BATCH: usize = 8192;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]))
+    }
+
+    /// One partition of `batches` batches whose rows hold the keys 1, 2, 3 in turn.
+    fn scan(batches: usize) -> Arc<dyn ExecutionPlan> {
+        let keys: Vec<i64> = (0..BATCH as i64).map(|i| i % 3 + 1).collect();
+        let batch = RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(keys))]).unwrap();
+        MemorySourceConfig::try_new_exec(&[vec![batch; batches]], schema(), None).unwrap()
+    }
+
+    /// How many rows of a batch of `scan` hold `key`.
+    fn per_batch(key: i64) -> usize {
+        (0..BATCH as i64).filter(|i| i % 3 + 1 == key).count()
+    }
+
+    fn attempt(stage: usize, attempt: usize) -> AttemptKey {
+        AttemptKey {
+            job: JobId(1),
+            stage: StageId(stage),
+            partition: 0,
+            attempt,
+        }
+    }
+
+    /// Filter 0 on the key column, on top of the plan; `summary` as the definition carries it.
+    fn on_top(summary: Option<bytes::Bytes>) -> Vec<LiveRuntimeFilter> {
+        vec![LiveRuntimeFilter {
+            filter: 0,
+            path: Vec::new(),
+            columns: vec![0],
+            summary,
+        }]
+    }
+
+    /// The encoded summary of a build side whose only key is `key`.
+    fn only_key(key: i64) -> bytes::Bytes {
+        let value = ScalarValue::Int64(Some(key));
+        let summary = KeySummary {
+            bounds: vec![Some((value.clone(), value.clone()))],
+            keys: Some(vec![vec![value]]),
+        };
+        bytes::Bytes::from(summary.encode().unwrap())
+    }
+
+    fn update(stage: usize, summary: bytes::Bytes) -> RuntimeFilterUpdate {
+        RuntimeFilterUpdate {
+            job: JobId(1),
+            stage: StageId(stage),
+            filter: 0,
+            summary,
+        }
+    }
+
+    /// Rows per key.
+    fn counts(batches: &[RecordBatch]) -> BTreeMap<i64, usize> {
+        let mut counts = BTreeMap::new();
+        for batch in batches {
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            for key in column.values() {
+                *counts.entry(*key).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    async fn run(plan: Arc<dyn ExecutionPlan>) -> BTreeMap<i64, usize> {
+        let batches = datafusion::physical_plan::collect(plan, Arc::new(TaskContext::default()))
+            .await
+            .unwrap();
+        counts(&batches)
+    }
+
+    fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
+        displayable(plan.as_ref()).indent(false).to_string()
+    }
+
+    #[tokio::test]
+    async fn a_summary_published_while_the_task_runs_filters_the_rows_it_reads_after() {
+        let filters = LiveFilters::default();
+        let (plan, _installed) = filters
+            .install(
+                attempt(2, 0),
+                scan(3),
+                &on_top(None),
+                &ConfigOptions::default(),
+            )
+            .unwrap();
+        assert!(
+            text(&plan).contains("DynamicFilter [ empty ]"),
+            "{}",
+            text(&plan)
+        );
+        let mut stream = plan.execute(0, Arc::new(TaskContext::default())).unwrap();
+        let first = stream.next().await.unwrap().unwrap();
+        assert_eq!(
+            counts(&[first]),
+            BTreeMap::from([(1, per_batch(1)), (2, per_batch(2)), (3, per_batch(3))]),
+            "no summary yet: the first batch whole"
+        );
+
+        // Another stage's update reaches nothing; this stage's reaches the running task.
+        assert_eq!(filters.publish(&update(5, only_key(2))).unwrap(), 0);
+        assert_eq!(filters.publish(&update(2, only_key(2))).unwrap(), 1);
+        let rest: Vec<RecordBatch> = stream.map(|b| b.unwrap()).collect().await;
+        assert_eq!(
+            counts(&rest),
+            BTreeMap::from([(2, 2 * per_batch(2))]),
+            "the two batches read after it: key 2 only"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_summary_known_before_the_task_starts_goes_in_as_a_fixed_predicate() {
+        // With the definition.
+        let filters = LiveFilters::default();
+        let (plan, _installed) = filters
+            .install(
+                attempt(2, 0),
+                scan(2),
+                &on_top(Some(only_key(3))),
+                &ConfigOptions::default(),
+            )
+            .unwrap();
+        assert!(!text(&plan).contains("DynamicFilter"), "{}", text(&plan));
+        assert_eq!(run(plan).await, BTreeMap::from([(3, 2 * per_batch(3))]));
+
+        // Published to the worker before a later attempt of the stage starts there.
+        assert_eq!(filters.publish(&update(2, only_key(1))).unwrap(), 0);
+        let (plan, _installed) = filters
+            .install(
+                attempt(2, 1),
+                scan(2),
+                &on_top(None),
+                &ConfigOptions::default(),
+            )
+            .unwrap();
+        assert_eq!(run(plan).await, BTreeMap::from([(1, 2 * per_batch(1))]));
+    }
+
+    #[tokio::test]
+    async fn an_ended_attempt_leaves_the_board_and_a_cleaned_up_job_forgets_its_summaries() {
+        let filters = LiveFilters::default();
+        let (_plan, installed) = filters
+            .install(
+                attempt(2, 0),
+                scan(1),
+                &on_top(None),
+                &ConfigOptions::default(),
+            )
+            .unwrap();
+        drop(installed);
+        assert_eq!(filters.publish(&update(2, only_key(2))).unwrap(), 0);
+        filters.forget_job(JobId(1)).unwrap();
+        let (plan, _installed) = filters
+            .install(
+                attempt(2, 1),
+                scan(1),
+                &on_top(None),
+                &ConfigOptions::default(),
+            )
+            .unwrap();
+        assert!(
+            text(&plan).contains("DynamicFilter [ empty ]"),
+            "{}",
+            text(&plan)
+        );
+    }
+
+    #[test]
+    fn a_summary_that_does_not_decode_is_an_error_and_changes_nothing() {
+        let filters = LiveFilters::default();
+        let error = filters
+            .publish(&update(2, bytes::Bytes::from_static(b"not a summary")))
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("the key summary of runtime filter 0 for job 1 stage 2"),
+            "{error}"
+        );
+        let board = filters.lock().unwrap();
+        assert!(board.is_empty(), "{board:?}");
+    }
+}
