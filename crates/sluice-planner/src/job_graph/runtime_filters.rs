@@ -1,5 +1,6 @@
 //! Runtime filters across stages: a join's build side, once its producer stage finished, filters the
-//! join's probe side before it is read, in another stage or in the join's own.
+//! join's probe side, in another stage or in the join's own: before it is read (blocking
+//! exchanges), or what is still to be read of it (pipelined exchanges).
 //!
 //! ```text
 //!   stage B (Blocking) ──Shuffle──┐            B's tasks summarise the build keys of their output
@@ -10,8 +11,8 @@
 //! ```
 //!
 //! A probe side that is not another stage's output (a broadcast join probing a scan of its own
-//! stage) gets the filter above the join's probe child in the join's stage, which starts after B
-//! anyway. The filter goes as deep as the probe keys can be followed: through projections,
+//! stage) gets the filter above the join's probe child in the join's stage, which (with blocking
+//! exchanges) starts after B anyway. The filter goes as deep as the probe keys can be followed: through projections,
 //! filters and either side of an inner join, and on into the stages producing them where the
 //! keys reach a scan, so a semi join's few keys can filter the scans under the inner join that
 //! feeds it:
@@ -187,8 +188,9 @@ fn deepest_target(
                             .get(p.0)
                             .is_some_and(|s| s.mode == OutputMode::Blocking))
             });
-        // Crossing makes the producer wait for the source: worth it where the filter then
-        // reaches a scan, and drops rows before they are read, shuffled or aggregated.
+        // Crossing (which, delivered before the target starts, makes the producer wait for the
+        // source) is worth it where the filter then reaches a scan, and drops rows before they
+        // are read, shuffled or aggregated.
         let crossed = producer
             .and_then(|p| stages.get(p.0).map(|s| (p, s)))
             .map(|(producer, stage)| {
@@ -337,29 +339,45 @@ fn key_columns(parts: &JoinParts<'_>) -> Option<(Vec<usize>, Vec<usize>, Vec<Str
     (!build.is_empty()).then_some((build, probe, names))
 }
 
-/// Every runtime filter of `stages` (a job graph's, in topological order).
+/// Every runtime filter of `stages` (a job graph's, in topological order). A job with blocking
+/// exchanges has only filters delivered before their targets start (from `Blocking` sources: its
+/// driver stages, always `Pipelined`, are none), so one plan never gets both kinds; a job with
+/// pipelined exchanges only filters delivered while their targets run.
 pub(crate) fn find(stages: &[Stage]) -> Vec<RuntimeFilter> {
+    let delivery = if stages.iter().any(|s| s.mode == OutputMode::Blocking) {
+        FilterDelivery::BeforeStart
+    } else {
+        FilterDelivery::WhileRunning
+    };
     let mut filters = Vec::new();
     for (s, stage) in stages.iter().enumerate() {
         let mut path = Vec::new();
-        visit(stages, StageId(s), &stage.plan, &mut path, &mut filters);
+        visit(
+            stages,
+            delivery,
+            StageId(s),
+            &stage.plan,
+            &mut path,
+            &mut filters,
+        );
     }
     filters
 }
 
 fn visit(
     stages: &[Stage],
+    delivery: FilterDelivery,
     stage: StageId,
     plan: &Arc<dyn ExecutionPlan>,
     path: &mut Vec<usize>,
     filters: &mut Vec<RuntimeFilter>,
 ) {
-    if let Some(filter) = join_filter(stages, stage, plan, path) {
+    if let Some(filter) = join_filter(stages, delivery, stage, plan, path) {
         filters.push(filter);
     }
     for (i, child) in plan.children().into_iter().enumerate() {
         path.push(i);
-        visit(stages, stage, child, path, filters);
+        visit(stages, delivery, stage, child, path, filters);
         path.pop();
     }
 }
@@ -367,6 +385,7 @@ fn visit(
 /// The filter of the join at `path` in `stage`'s plan, if it has one.
 fn join_filter(
     stages: &[Stage],
+    delivery: FilterDelivery,
     stage: StageId,
     plan: &Arc<dyn ExecutionPlan>,
     path: &[usize],
@@ -381,10 +400,10 @@ fn join_filter(
     let (source_columns, target_columns, names) = key_columns(&parts)?;
     let inputs = &stages.get(stage.0)?.inputs;
     let source = inputs.get(stage_input_below(parts.left)?)?.stage;
-    let delivery = match stages.get(source.0)?.mode {
-        OutputMode::Blocking => FilterDelivery::BeforeStart,
-        OutputMode::Pipelined => FilterDelivery::WhileRunning,
-    };
+    if delivery == FilterDelivery::BeforeStart && stages.get(source.0)?.mode != OutputMode::Blocking
+    {
+        return None;
+    }
     let join = format!(
         "{} {:?} on ({}) in stage {stage}",
         parts.name,
@@ -392,7 +411,7 @@ fn join_filter(
         names.join(", ")
     );
     // As deep below the probe side as its keys can be followed (into the stages that produce
-    // it, when they may wait for the source); at least on top of the probe side in this stage.
+    // it, when they can take the filter); at least on top of the probe side in this stage.
     let mut probe_path = path.to_vec();
     probe_path.push(1);
     let way = Way {

@@ -88,7 +88,9 @@ pub(super) fn decide_ready(entry: &mut JobEntry) -> Vec<StageNote> {
         // A runtime filter still to come for the probe producer goes into its plan first; the
         // join is decided once it came (the producer waits for it too).
         let filters_pending = !entry.filtered_stages.contains(&probe)
-            && graph.runtime_filters().iter().any(|f| f.target == probe);
+            && graph.runtime_filters().iter().any(|f| {
+                f.target == probe && f.delivery == sluice_planner::FilterDelivery::BeforeStart
+            });
         if filters_pending {
             continue;
         }

@@ -15,13 +15,16 @@
 //! the source finished its merged summary goes to the workers running them
 //! ([`RuntimeFilterUpdate`]) and into the definition of every later attempt of the target.
 //!
-//! Invariants: a target's plan is filtered at most once per job (a source run again after a lost
-//! worker changes nothing: a retried target task runs the plan its job chose); a target starts only
-//! after its sources finished (the topology makes it wait), so every one of its tasks runs the
-//! filtered plan; anything missing (a source task without a summary) or failing leaves the plan
-//! as it was, which is always a correct answer, and says why; a source task that runs again
-//! after its filter was applied (lineage) must see only keys that filter kept, or its job fails;
-//! the filter is not pushed down into a subtree holding a limit.
+//! Invariants: a target's plan is filtered at most once per job, and a live filter sent at most
+//! once (a source run again after a lost worker changes nothing: a retried target task runs the
+//! plan, or gets the summary, its job chose); a target of a filter delivered before it starts
+//! starts only after its sources finished (the topology makes it wait), so every one of its tasks
+//! runs the filtered plan; a live filter drops only what its target's tasks read after it arrived,
+//! which changes the work, never the answer; anything missing (a source task without a summary) or
+//! failing leaves the plan as it was, which is always a correct answer, and says why; a source
+//! task that runs again after its filter was applied or sent (lineage, a retried pipelined region)
+//! must see only keys that filter kept, or its job fails; the filter is not pushed down into a
+//! subtree holding a limit.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -40,11 +43,12 @@ use crate::runtime_filter::{KeySummary, filter_at};
 const NOTE_PREDICATE_CHARS: usize = 240;
 
 /// What the filters whose source finished made: notes, and the summaries to send to the running
-/// tasks of the targets of filters delivered while they run.
+/// tasks of the targets of filters delivered while they run, each with its note (to which the
+/// sender adds where it went).
 #[derive(Debug, Default)]
 pub(super) struct Applied {
     pub notes: Vec<StageNote>,
-    pub updates: Vec<RuntimeFilterUpdate>,
+    pub updates: Vec<(RuntimeFilterUpdate, StageNote)>,
 }
 
 /// Applies every filter whose sources are all complete now that `finished` is; see the module
@@ -63,9 +67,21 @@ pub(super) fn apply_ready(entry: &mut JobEntry, job: JobId, finished: StageId) -
             continue;
         }
         let sent = match live_summary(entry, filter) {
-            Ok((summary, note)) => {
+            Ok((Some((summary, bytes)), note)) => {
+                applied.updates.push((
+                    RuntimeFilterUpdate {
+                        job,
+                        stage: filter.target,
+                        filter: index,
+                        summary: bytes.clone(),
+                    },
+                    note,
+                ));
+                Some((summary, bytes))
+            }
+            Ok((None, note)) => {
                 applied.notes.push(note);
-                summary
+                None
             }
             Err(e) => {
                 applied.notes.push(StageNote {
@@ -79,16 +95,10 @@ pub(super) fn apply_ready(entry: &mut JobEntry, job: JobId, finished: StageId) -
                 None
             }
         };
-        if let Some((summary, bytes)) = &sent {
+        if let Some((summary, _)) = &sent {
             entry
                 .applied_summaries
                 .insert(filter.source, summary.clone());
-            applied.updates.push(RuntimeFilterUpdate {
-                job,
-                stage: filter.target,
-                filter: index,
-                summary: bytes.clone(),
-            });
         }
         entry
             .live_filters
@@ -123,7 +133,7 @@ fn live_summary(
     let note = StageNote {
         target: filter.target,
         text: format!(
-            "runtime filter: {} (from stage {}, for {}), sent to the running tasks",
+            "runtime filter: {} (from stage {}, for {})",
             shortened(&predicate.to_string()),
             filter.source,
             filter.join

@@ -196,7 +196,7 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
             plan,
             &definition.runtime_filters,
             context.session_config().options(),
-        )?;
+        );
         (plan, Some(installed))
     };
     let streams = Arc::new(AttemptStreams::try_new(shared, &definition, &plan)?);

@@ -11,16 +11,18 @@
 //!             the board keeps the summary; every listed filter becomes its predicate
 //!             ─► the FilterExec drops rows from its next batch on, the scan prunes the files
 //!                and row groups it has not opened yet
-//!   attempt ends ─► its filters leave the board;  clean_up_job ─► the job's summaries too
+//!   attempt ends ─► its filters leave the board;  clean_up_job ─► the job's summaries too (and
+//!                   its updates still on their way are dropped)
 //! ```
 //!
 //! Invariants: a filter only ever drops probe rows whose key the whole build side lacks (the
 //! summary covers every row of the source), so whether and when it arrives changes the work, never
 //! the answer; a summary known before the task starts (with its definition, or published to this
 //! worker already) goes in as a fixed predicate; install and publish take the board's one lock, so
-//! a summary arriving while a task installs its filter reaches it either way.
+//! a summary arriving while a task installs its filter reaches it either way; a filter that cannot
+//! be put in place or take its predicate keeps every row (a warning says so), never fails the task.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -35,10 +37,22 @@ use sluice_planner::{AttemptKey, JobId, StageId};
 use crate::definition::{LiveRuntimeFilter, RuntimeFilterUpdate};
 use crate::runtime_filter::{KeySummary, filter_at};
 
+/// How many cleaned-up jobs a worker remembers, to drop their late updates.
+const FORGOTTEN_JOBS: usize = 1024;
+
 /// The live runtime filters of one worker; see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct LiveFilters {
-    board: Mutex<HashMap<(JobId, StageId), StageFilters>>,
+    board: Mutex<Board>,
+}
+
+/// What the lock guards.
+#[derive(Debug, Default)]
+struct Board {
+    stages: HashMap<(JobId, StageId), StageFilters>,
+    /// The jobs cleaned up last (at most [`FORGOTTEN_JOBS`]): an update that arrives after its
+    /// job's cleanup (another RPC, unordered with it) is dropped, not kept for ever.
+    forgotten: VecDeque<JobId>,
 }
 
 /// What a worker knows of the live filters of one stage of one job.
@@ -59,6 +73,8 @@ struct Installed {
     columns: Vec<usize>,
     /// The output schema of the node the filter is on top of: the predicate's columns refer to it.
     schema: SchemaRef,
+    /// The filter as made (not a copy pushed down and remapped): its predicate is in terms of
+    /// `schema`, and the copies share it.
     expr: Arc<DynamicFilterPhysicalExpr>,
 }
 
@@ -74,14 +90,14 @@ impl Drop for InstalledFilters<'_> {
             return;
         };
         let key = (self.attempt.job, self.attempt.stage);
-        if let Some(stage) = board.get_mut(&key) {
+        if let Some(stage) = board.stages.get_mut(&key) {
             stage.installed.retain(|i| i.attempt != self.attempt);
         }
     }
 }
 
 impl LiveFilters {
-    fn lock(&self) -> Result<MutexGuard<'_, HashMap<(JobId, StageId), StageFilters>>> {
+    fn lock(&self) -> Result<MutexGuard<'_, Board>> {
         self.board
             .lock()
             .map_err(|_| DataFusionError::Internal("the live runtime filters are poisoned".into()))
@@ -89,14 +105,15 @@ impl LiveFilters {
 
     /// `plan` (attempt `attempt`'s stage plan) with every filter of `filters` in place: a fixed
     /// predicate where its summary is known, else an empty filter the board lists until the
-    /// returned guard is dropped (when the attempt ends).
+    /// returned guard is dropped (when the attempt ends). A filter that cannot be put in place is
+    /// left out, with a warning: the task then reads those rows, a correct answer.
     pub(crate) fn install(
         &self,
         attempt: AttemptKey,
         mut plan: Arc<dyn ExecutionPlan>,
         filters: &[LiveRuntimeFilter],
         options: &ConfigOptions,
-    ) -> Result<(Arc<dyn ExecutionPlan>, InstalledFilters<'_>)> {
+    ) -> (Arc<dyn ExecutionPlan>, InstalledFilters<'_>) {
         let guard = InstalledFilters {
             filters: self,
             attempt,
@@ -105,39 +122,54 @@ impl LiveFilters {
         let mut filters: Vec<&LiveRuntimeFilter> = filters.iter().collect();
         filters.sort_by_key(|f| std::cmp::Reverse(f.path.len()));
         for filter in filters {
-            let schema = node_at(&plan, &filter.path)?.schema();
-            let predicate = {
-                let mut board = self.lock()?;
-                let stage = board.entry((attempt.job, attempt.stage)).or_default();
-                let known = filter
-                    .summary
-                    .as_ref()
-                    .or_else(|| stage.summaries.get(&filter.filter));
-                match known {
-                    Some(bytes) => {
-                        KeySummary::decode(bytes)?.predicate(&schema, &filter.columns)?
-                    }
-                    None => {
-                        let expr = Arc::new(empty_filter(&schema, &filter.columns)?);
-                        stage.installed.push(Installed {
-                            attempt,
-                            filter: filter.filter,
-                            columns: filter.columns.clone(),
-                            schema,
-                            expr: Arc::clone(&expr),
-                        });
-                        expr as Arc<dyn PhysicalExpr>
-                    }
-                }
-            };
-            plan = filter_at(plan, &filter.path, &predicate, options).map_err(|e| {
-                e.context(format!(
-                    "putting runtime filter {} into the plan of {attempt}",
+            match self.install_one(attempt, Arc::clone(&plan), filter, options) {
+                Ok(filtered) => plan = filtered,
+                Err(e) => tracing::warn!(
+                    target: "sluice::runtime_filter",
+                    "{attempt} runs without runtime filter {}: {e}",
                     filter.filter
-                ))
-            })?;
+                ),
+            }
         }
-        Ok((plan, guard))
+        (plan, guard)
+    }
+
+    fn install_one(
+        &self,
+        attempt: AttemptKey,
+        plan: Arc<dyn ExecutionPlan>,
+        filter: &LiveRuntimeFilter,
+        options: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = node_at(&plan, &filter.path)?.schema();
+        let predicate = {
+            let mut board = self.lock()?;
+            let stage = board
+                .stages
+                .entry((attempt.job, attempt.stage))
+                .or_default();
+            let known = filter
+                .summary
+                .as_ref()
+                .or_else(|| stage.summaries.get(&filter.filter));
+            match known {
+                Some(bytes) => KeySummary::decode(bytes)?.predicate(&schema, &filter.columns)?,
+                None => {
+                    let expr = Arc::new(empty_filter(&schema, &filter.columns)?);
+                    stage.installed.push(Installed {
+                        attempt,
+                        filter: filter.filter,
+                        columns: filter.columns.clone(),
+                        schema,
+                        expr: Arc::clone(&expr),
+                    });
+                    expr as Arc<dyn PhysicalExpr>
+                }
+            }
+        };
+        // Should this fail, the empty filter listed above stays on the board, unused, until the
+        // attempt ends.
+        filter_at(plan, &filter.path, &predicate, options)
     }
 
     /// Keeps `update`'s summary for the stage's later attempts on this worker and makes it the
@@ -150,23 +182,45 @@ impl LiveFilters {
             ))
         })?;
         let mut board = self.lock()?;
-        let stage = board.entry((update.job, update.stage)).or_default();
+        if board.forgotten.contains(&update.job) {
+            return Ok(0);
+        }
+        let stage = board.stages.entry((update.job, update.stage)).or_default();
         stage
             .summaries
             .insert(update.filter, update.summary.clone());
         let mut updated = 0;
         for installed in stage.installed.iter().filter(|i| i.filter == update.filter) {
-            let predicate = summary.predicate(&installed.schema, &installed.columns)?;
-            installed.expr.update(predicate)?;
-            installed.expr.mark_complete();
-            updated += 1;
+            // A filter that cannot take the predicate keeps every row; the others still take it.
+            let made = summary
+                .predicate(&installed.schema, &installed.columns)
+                .and_then(|predicate| installed.expr.update(predicate));
+            match made {
+                Ok(()) => {
+                    installed.expr.mark_complete();
+                    updated += 1;
+                }
+                Err(e) => tracing::warn!(
+                    target: "sluice::runtime_filter",
+                    "{} keeps reading every row past runtime filter {}: {e}",
+                    installed.attempt,
+                    update.filter
+                ),
+            }
         }
         Ok(updated)
     }
 
-    /// Forgets everything about `job`.
+    /// Forgets everything about `job`, and drops its updates still to come.
     pub(crate) fn forget_job(&self, job: JobId) -> Result<()> {
-        self.lock()?.retain(|(j, _), _| *j != job);
+        let mut board = self.lock()?;
+        board.stages.retain(|(j, _), _| *j != job);
+        if !board.forgotten.contains(&job) {
+            if board.forgotten.len() == FORGOTTEN_JOBS {
+                board.forgotten.pop_front();
+            }
+            board.forgotten.push_back(job);
+        }
         Ok(())
     }
 }
@@ -291,14 +345,12 @@ mod tests {
     #[tokio::test]
     async fn a_summary_published_while_the_task_runs_filters_the_rows_it_reads_after() {
         let filters = LiveFilters::default();
-        let (plan, _installed) = filters
-            .install(
-                attempt(2, 0),
-                scan(3),
-                &on_top(None),
-                &ConfigOptions::default(),
-            )
-            .unwrap();
+        let (plan, _installed) = filters.install(
+            attempt(2, 0),
+            scan(3),
+            &on_top(None),
+            &ConfigOptions::default(),
+        );
         assert!(
             text(&plan).contains("DynamicFilter [ empty ]"),
             "{}",
@@ -327,56 +379,149 @@ mod tests {
     async fn a_summary_known_before_the_task_starts_goes_in_as_a_fixed_predicate() {
         // With the definition.
         let filters = LiveFilters::default();
-        let (plan, _installed) = filters
-            .install(
-                attempt(2, 0),
-                scan(2),
-                &on_top(Some(only_key(3))),
-                &ConfigOptions::default(),
-            )
-            .unwrap();
+        let (plan, _installed) = filters.install(
+            attempt(2, 0),
+            scan(2),
+            &on_top(Some(only_key(3))),
+            &ConfigOptions::default(),
+        );
         assert!(!text(&plan).contains("DynamicFilter"), "{}", text(&plan));
         assert_eq!(run(plan).await, BTreeMap::from([(3, 2 * per_batch(3))]));
 
         // Published to the worker before a later attempt of the stage starts there.
         assert_eq!(filters.publish(&update(2, only_key(1))).unwrap(), 0);
-        let (plan, _installed) = filters
-            .install(
-                attempt(2, 1),
-                scan(2),
-                &on_top(None),
-                &ConfigOptions::default(),
-            )
-            .unwrap();
+        let (plan, _installed) = filters.install(
+            attempt(2, 1),
+            scan(2),
+            &on_top(None),
+            &ConfigOptions::default(),
+        );
         assert_eq!(run(plan).await, BTreeMap::from([(1, 2 * per_batch(1))]));
     }
 
     #[tokio::test]
     async fn an_ended_attempt_leaves_the_board_and_a_cleaned_up_job_forgets_its_summaries() {
         let filters = LiveFilters::default();
-        let (_plan, installed) = filters
-            .install(
-                attempt(2, 0),
-                scan(1),
-                &on_top(None),
-                &ConfigOptions::default(),
-            )
-            .unwrap();
+        let (_plan, installed) = filters.install(
+            attempt(2, 0),
+            scan(1),
+            &on_top(None),
+            &ConfigOptions::default(),
+        );
         drop(installed);
         assert_eq!(filters.publish(&update(2, only_key(2))).unwrap(), 0);
         filters.forget_job(JobId(1)).unwrap();
-        let (plan, _installed) = filters
-            .install(
-                attempt(2, 1),
-                scan(1),
-                &on_top(None),
-                &ConfigOptions::default(),
-            )
-            .unwrap();
+        let (plan, _installed) = filters.install(
+            attempt(2, 1),
+            scan(1),
+            &on_top(None),
+            &ConfigOptions::default(),
+        );
         assert!(
             text(&plan).contains("DynamicFilter [ empty ]"),
             "{}",
             text(&plan)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_update_arriving_after_its_jobs_cleanup_is_dropped() {
+        let filters = LiveFilters::default();
+        filters.forget_job(JobId(1)).unwrap();
+        assert_eq!(filters.publish(&update(2, only_key(2))).unwrap(), 0);
+        assert!(filters.lock().unwrap().stages.is_empty());
+    }
+
+    /// A Parquet scan that reads `k` as its second column (its projection puts `v` first) takes
+    /// the filter pushed down to it, over its own columns: once the summary is published, the
+    /// file it opens skips the row groups whose `k` bounds rule the key out, and the rows left
+    /// are exactly those with that key.
+    #[tokio::test]
+    async fn a_filter_pushed_into_a_parquet_scan_through_its_projection_prunes_row_groups() {
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::parquet::file::properties::WriterProperties;
+        use datafusion::physical_plan::display::DisplayableExecutionPlan;
+        use datafusion::prelude::{ParquetReadOptions, SessionContext};
+
+        let dir = tempfile::tempdir().unwrap();
+        let file_schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let keys: Vec<i64> = (0..4000).collect();
+        let values: Vec<i64> = keys.iter().map(|k| k * 10).collect();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&file_schema),
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(Int64Array::from(values)),
+            ],
+        )
+        .unwrap();
+        let path = dir.path().join("t.parquet");
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .build();
+        let mut writer = ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            file_schema,
+            Some(properties),
+        )
+        .unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let ctx = SessionContext::new();
+        ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql("select v, k from t")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let filters = LiveFilters::default();
+        let on_k = vec![LiveRuntimeFilter {
+            filter: 0,
+            path: Vec::new(),
+            columns: vec![1],
+            summary: None,
+        }];
+        let (plan, _installed) =
+            filters.install(attempt(2, 0), plan, &on_k, ctx.state().config().options());
+        assert!(
+            text(&plan).contains("predicate=DynamicFilter [ empty ]"),
+            "{}",
+            text(&plan)
+        );
+        assert_eq!(filters.publish(&update(2, only_key(2500))).unwrap(), 1);
+
+        let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+            .await
+            .unwrap();
+        let rows: Vec<(i64, i64)> = batches
+            .iter()
+            .flat_map(|b| {
+                let column = |i: usize| {
+                    b.column(i)
+                        .as_any()
+                        .downcast_ref::<Int64Array>()
+                        .unwrap()
+                        .values()
+                        .to_vec()
+                };
+                column(0).into_iter().zip(column(1))
+            })
+            .collect();
+        assert_eq!(rows, [(25_000, 2500)]);
+        let analyzed = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+            .indent(false)
+            .to_string();
+        assert!(
+            analyzed.contains("row_groups_pruned_statistics=4 total → 1 matched"),
+            "{analyzed}"
         );
     }
 
@@ -393,6 +538,6 @@ mod tests {
             "{error}"
         );
         let board = filters.lock().unwrap();
-        assert!(board.is_empty(), "{board:?}");
+        assert!(board.stages.is_empty(), "{board:?}");
     }
 }

@@ -179,6 +179,31 @@ impl DriverActor {
         let filtered = applied.notes;
         keep_notes!(debug, "sluice::runtime_filter", job, entry, filtered);
         let filter_updates = applied.updates;
+        // Each update goes to every worker running a task of its target that has not succeeded
+        // (a task placed from now on gets the summary with its definition); its note says to how
+        // many.
+        let mut updates = Vec::new();
+        let mut sent_notes = Vec::new();
+        for (update, mut note) in filter_updates {
+            let mut locations: Vec<Location> = Vec::new();
+            for (attempt, location) in &entry.placed {
+                if attempt.task.stage == update.stage
+                    && entry.latest.get(&attempt.task) == Some(&attempt.attempt)
+                    && !entry.succeeded.contains_key(&attempt.task)
+                    && !locations.contains(location)
+                {
+                    locations.push(*location);
+                }
+            }
+            note.text = match locations.len() {
+                0 => format!("{}, not sent: no task of the stage still ran", note.text),
+                1 => format!("{}, sent to the 1 worker running its tasks", note.text),
+                n => format!("{}, sent to the {n} workers running its tasks", note.text),
+            };
+            sent_notes.push(note);
+            updates.extend(locations.into_iter().map(|l| (l, update.clone())));
+        }
+        keep_notes!(debug, "sluice::runtime_filter", job, entry, sent_notes);
         let (not_switched, switched): (Vec<_>, Vec<_>) =
             crate::driver::broadcast_switch::decide_ready(entry)
                 .into_iter()
@@ -190,22 +215,6 @@ impl DriverActor {
         keep_notes!(debug, "sluice::broadcast_switch", job, entry, not_switched);
         let split = crate::driver::skew_splits::decide_ready(entry, stage_id);
         keep_notes!(info, "sluice::skew_split", job, entry, split);
-        // Each update goes to every worker running a task of its target that has not succeeded
-        // (a task placed from now on gets the summary with its definition).
-        let mut updates = Vec::new();
-        for update in filter_updates {
-            let mut locations: Vec<Location> = Vec::new();
-            for (attempt, location) in &entry.placed {
-                if attempt.task.stage == update.stage
-                    && entry.latest.get(&attempt.task) == Some(&attempt.attempt)
-                    && !entry.succeeded.contains_key(&attempt.task)
-                    && !locations.contains(location)
-                {
-                    locations.push(*location);
-                }
-            }
-            updates.extend(locations.into_iter().map(|l| (l, update.clone())));
-        }
         for (location, update) in updates {
             self.send_filter(location, update);
         }
