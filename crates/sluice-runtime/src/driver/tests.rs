@@ -48,6 +48,8 @@ enum Call {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
     Accept,
+    /// Accepted, the answer coming back after `Duration`.
+    AcceptAfter(Duration),
     Refuse,
     /// No answer comes back (after `Duration`): the request may or may not have arrived.
     LoseReply(Duration),
@@ -135,6 +137,10 @@ impl WorkerClient for FakeWorker {
         async move {
             match answer {
                 Answer::Accept => Ok(accepted),
+                Answer::AcceptAfter(after) => {
+                    tokio::time::sleep(after).await;
+                    Ok(accepted)
+                }
                 Answer::Refuse => Err(RunTaskError {
                     refused: true,
                     error: RemoteError::new(ErrorKind::ResourcesExhausted, "no room"),
@@ -1229,6 +1235,36 @@ async fn a_failed_read_from_a_worker_that_still_heartbeats_keeps_it_and_retries_
         "{notices:?}"
     );
     drop(output);
+}
+
+/// A stop sent while an attempt's `RunTask` is still in flight can miss it (the worker lists the
+/// attempt only once it decoded the plan): once the `RunTask` is answered, the driver stops the
+/// attempt again, so it does not run on unseen (a write task would leave its staged files behind).
+#[tokio::test(start_paused = true)]
+async fn an_attempt_stopped_while_its_run_task_was_in_flight_is_stopped_again_once_accepted() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    worker.answer(1, 1, 0, Answer::AcceptAfter(Duration::from_secs(1)));
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    assert_eq!(worker.runs(), region(1, 0));
+    let stops = |attempt: AttemptKey| {
+        worker
+            .calls()
+            .iter()
+            .filter(|c| **c == Call::Stop(attempt))
+            .count()
+    };
+    // A task of the region fails: the others are stopped, the in-flight one too.
+    h.report(w, key(1, 0, 0, 0), 1, TaskState::Running);
+    h.report(w, key(1, 0, 0, 0), 2, transport("disk gone"));
+    settle().await;
+    assert_eq!((stops(key(1, 1, 1, 0)), stops(key(1, 1, 0, 0))), (1, 1));
+    // Its answer comes: it is stopped again; the others, answered before, are not.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!((stops(key(1, 1, 1, 0)), stops(key(1, 1, 0, 0))), (2, 1));
+    output.abort();
 }
 
 /// `select big.b from small join big on small.a = big.a` over in-memory tables, both sides

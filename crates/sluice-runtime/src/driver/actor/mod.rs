@@ -139,7 +139,18 @@ impl DriverActor {
                     self.reconcile(worker, &beat);
                 }
             }
-            DriverEvent::TaskAccepted { key, accepted } => self.registry.accepted(key, accepted),
+            DriverEvent::TaskAccepted { key, accepted } => {
+                self.registry.accepted(key, accepted);
+                // A stop sent while this `RunTask` was in flight could find nothing to stop (a
+                // worker lists an attempt only once it decoded its plan) and the attempt would
+                // run on, unseen. The answer comes after the worker listed it, so a stop sent now
+                // finds it; an attempt whose final report came first holds no slot any more.
+                if !self.scheduler.is_running(key.job, key.task_attempt())
+                    && let Some(location) = self.registry.location(&key)
+                {
+                    self.stop_at(location, key);
+                }
+            }
             DriverEvent::Deregister(worker) => self.worker_left(worker),
             DriverEvent::Gone { worker, why } => {
                 self.worker_lost(worker, &why, WorkerLoss::ProcessExited)
