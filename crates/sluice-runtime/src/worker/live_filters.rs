@@ -342,6 +342,15 @@ mod tests {
         displayable(plan.as_ref()).indent(false).to_string()
     }
 
+    /// `plan` holds an empty filter: one that keeps every row until its summary comes.
+    fn assert_waits_for_its_summary(plan: &Arc<dyn ExecutionPlan>) {
+        assert!(
+            text(plan).contains("DynamicFilter [ empty ]"),
+            "{}",
+            text(plan)
+        );
+    }
+
     #[tokio::test]
     async fn a_summary_published_while_the_task_runs_filters_the_rows_it_reads_after() {
         let filters = LiveFilters::default();
@@ -351,11 +360,7 @@ mod tests {
             &on_top(None),
             &ConfigOptions::default(),
         );
-        assert!(
-            text(&plan).contains("DynamicFilter [ empty ]"),
-            "{}",
-            text(&plan)
-        );
+        assert_waits_for_its_summary(&plan);
         let mut stream = plan.execute(0, Arc::new(TaskContext::default())).unwrap();
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(
@@ -417,11 +422,7 @@ mod tests {
             &on_top(None),
             &ConfigOptions::default(),
         );
-        assert!(
-            text(&plan).contains("DynamicFilter [ empty ]"),
-            "{}",
-            text(&plan)
-        );
+        assert_waits_for_its_summary(&plan);
     }
 
     #[tokio::test]
