@@ -369,12 +369,7 @@ impl KeySummary {
             let Some((min, max)) = bounds else {
                 return Ok(lit(false));
             };
-            let field = schema.fields().get(index).ok_or_else(|| {
-                DataFusionError::Internal(format!(
-                    "a runtime filter on column {index} of a {}-column plan",
-                    schema.fields().len()
-                ))
-            })?;
+            let (field, column) = key_column(schema, index)?;
             if field.data_type() != &min.data_type() {
                 return Err(DataFusionError::Internal(format!(
                     "a runtime filter compares {} ({}) with keys of type {}",
@@ -383,7 +378,6 @@ impl KeySummary {
                     min.data_type()
                 )));
             }
-            let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(field.name(), index));
             let compare = |op, value: &ScalarValue| -> Arc<dyn PhysicalExpr> {
                 Arc::new(BinaryExpr::new(Arc::clone(&column), op, lit(value.clone())))
             };
@@ -411,6 +405,18 @@ impl KeySummary {
             .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)))
             .unwrap_or_else(|| lit(true)))
     }
+}
+
+/// The field at `index` of `schema` and the column naming it: one key of a runtime filter (a
+/// predicate's columns and a filter's children are made here alike, so they compare equal).
+pub(crate) fn key_column(schema: &Schema, index: usize) -> Result<(&Field, Arc<dyn PhysicalExpr>)> {
+    let field = schema.fields().get(index).ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "a runtime filter on column {index} of a {}-column plan",
+            schema.fields().len()
+        ))
+    })?;
+    Ok((field.as_ref(), Arc::new(Column::new(field.name(), index))))
 }
 
 /// `plan` with a `FilterExec` of `predicate` on top of the node at `path` (child indices from the

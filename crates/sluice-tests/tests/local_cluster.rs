@@ -783,6 +783,17 @@ fn blocking_cluster_failing_by(hook: FaultHook) -> LocalClusterRunner {
 }
 
 /// How many runtime filters the job graph of `sql` has.
+/// `EXPLAIN ANALYZE` of `sql` on `session`, rendered.
+async fn explain_analyze(session: &SluiceSession, sql: &str) -> String {
+    let outputs = session
+        .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
+        .await
+        .unwrap();
+    arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
+        .unwrap()
+        .to_string()
+}
+
 async fn runtime_filters_of(session: &SluiceSession, sql: &str) -> usize {
     session
         .job_graph(sql)
@@ -889,13 +900,7 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
     assert_eq!(scanned, 3000, "fact rows scanned");
 
     // EXPLAIN ANALYZE names the filter the scan stage got, and the scan's pruning.
-    let outputs = cluster
-        .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
-        .await
-        .unwrap();
-    let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
-        .unwrap()
-        .to_string();
+    let text = explain_analyze(&cluster, sql).await;
     let hot: Vec<String> = (500..=520).map(|k| (k * 100).to_string()).collect();
     let note = format!(
         "runtime filter: k@0 >= 50000 AND k@0 <= 52000 AND k@0 IN (SET) ([{}]) (from stage {}, \
@@ -1336,13 +1341,7 @@ async fn explain_analyze_shows_the_runtime_filters_of_tpch_joins_with_blocking_e
         let graph = cluster.job_graph(sql).await.unwrap();
         let filters = graph.runtime_filters().len();
         assert!(filters >= 2, "q{number}: {filters} runtime filters");
-        let outputs = cluster
-            .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
-            .await
-            .unwrap();
-        let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
-            .unwrap()
-            .to_string();
+        let text = explain_analyze(&cluster, sql).await;
         // One line per filter, each a predicate over the probe keys with the stage it came from
         // (a filter whose build side held no key is `false`).
         let applied = text.matches("runtime filter: ").count();
@@ -1388,13 +1387,7 @@ async fn explain_analyze_shows_the_runtime_filters_sent_to_running_tasks_with_pi
                 .all(|f| f.delivery == sluice_planner::FilterDelivery::WhileRunning),
             "q{number}: {filters:?}"
         );
-        let outputs = cluster
-            .run_sql(&format!("EXPLAIN ANALYZE {sql}"))
-            .await
-            .unwrap();
-        let text = arrow::util::pretty::pretty_format_batches(&outputs.last().unwrap().batches)
-            .unwrap()
-            .to_string();
+        let text = explain_analyze(&cluster, sql).await;
         // Sent to the workers running the target's tasks, or to none if they all finished first.
         let sent = text.matches(" running its tasks").count()
             + text

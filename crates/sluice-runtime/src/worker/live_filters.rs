@@ -29,13 +29,13 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::config::ConfigOptions;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr, lit};
+use datafusion::physical_expr::expressions::{DynamicFilterPhysicalExpr, lit};
 use datafusion::physical_plan::ExecutionPlan;
 use sluice_planner::job_graph::runtime_filters::node_at;
 use sluice_planner::{AttemptKey, JobId, StageId};
 
 use crate::definition::{LiveRuntimeFilter, RuntimeFilterUpdate};
-use crate::runtime_filter::{KeySummary, filter_at};
+use crate::runtime_filter::{KeySummary, filter_at, key_column};
 
 /// How many cleaned-up jobs a worker remembers, to drop their late updates.
 const FORGOTTEN_JOBS: usize = 1024;
@@ -229,15 +229,7 @@ impl LiveFilters {
 fn empty_filter(schema: &SchemaRef, columns: &[usize]) -> Result<DynamicFilterPhysicalExpr> {
     let children = columns
         .iter()
-        .map(|&index| {
-            let field = schema.fields().get(index).ok_or_else(|| {
-                DataFusionError::Internal(format!(
-                    "a runtime filter on column {index} of a {}-column plan",
-                    schema.fields().len()
-                ))
-            })?;
-            Ok(Arc::new(Column::new(field.name(), index)) as Arc<dyn PhysicalExpr>)
-        })
+        .map(|&index| key_column(schema, index).map(|(_, column)| column))
         .collect::<Result<Vec<_>>>()?;
     Ok(DynamicFilterPhysicalExpr::new(children, lit(true)))
 }
