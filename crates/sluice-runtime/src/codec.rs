@@ -10,6 +10,7 @@
 //!   PartitionedTopKExec    ⇄  SluiceNode::PartitionedTopK { ordering, prefix, fetch, kind }
 //!   PiecewiseMergeJoinExec ⇄  SluiceNode::PiecewiseMergeJoin { on, operator, join type,
 //!                                                               partitions } (children: both sides)
+//!   KeyBloomFilterExpr     ⇄  BLOOM_EXPR_TAG + the filter's bytes          (inputs: its key columns)
 //! ```
 //!
 //! Functions are resolved by name in the decoding side's registry (the task context), never from a
@@ -24,8 +25,10 @@ use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::TaskContext;
 use datafusion::execution::object_store::{ObjectStoreRegistry, ObjectStoreUrl};
 use datafusion::logical_expr::Operator;
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::LexOrdering;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr_common::physical_expr::proto_decode::PhysicalExprDecodeCtx;
+use datafusion::physical_expr_common::physical_expr::proto_encode::PhysicalExprEncodeCtx;
 use datafusion::physical_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::execution_plan::{
@@ -50,6 +53,8 @@ use datafusion_proto::protobuf;
 use prost::Message;
 use sluice_planner::{JobGraphOptions, RescaleExec, StageInputExec};
 
+use crate::key_bloom::KeyBloomFilter;
+use crate::key_bloom_expr::KeyBloomFilterExpr;
 use crate::write::{FileWriteExec, SinkFormat, Staging};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -166,6 +171,9 @@ fn operator_from_wire(value: u32) -> Result<Operator> {
         other => return internal_err!("unknown PiecewiseMergeJoinExec operator {other}"),
     })
 }
+
+/// The first bytes of an encoded `KeyBloomFilterExpr` (its key columns are the node's inputs).
+const BLOOM_EXPR_TAG: &[u8] = b"sluice.bloom1";
 
 /// The extension codec for Sluice's plan nodes.
 #[derive(Debug, Default, Clone, Copy)]
@@ -306,6 +314,38 @@ impl PhysicalExtensionCodec for SluiceCodec {
             }
             None => internal_err!("empty Sluice plan node"),
         }
+    }
+
+    fn try_decode_expr(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn PhysicalExpr>],
+        _ctx: &PhysicalExprDecodeCtx<'_>,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
+        let Some(filter) = buf.strip_prefix(BLOOM_EXPR_TAG) else {
+            return internal_err!("an unknown Sluice expression ({} bytes)", buf.len());
+        };
+        if inputs.is_empty() {
+            return internal_err!("a Bloom filter expression without key columns");
+        }
+        Ok(Arc::new(KeyBloomFilterExpr::new(
+            inputs.to_vec(),
+            Arc::new(KeyBloomFilter::from_bytes(filter)?),
+        )))
+    }
+
+    fn try_encode_expr(
+        &self,
+        node: &Arc<dyn PhysicalExpr>,
+        buf: &mut Vec<u8>,
+        _ctx: &PhysicalExprEncodeCtx<'_>,
+    ) -> Result<()> {
+        let Some(bloom) = node.downcast_ref::<KeyBloomFilterExpr>() else {
+            return internal_err!("Sluice's codec cannot encode the expression {node}");
+        };
+        buf.extend_from_slice(BLOOM_EXPR_TAG);
+        buf.extend_from_slice(&bloom.filter().to_bytes());
+        Ok(())
     }
 
     fn try_encode(
@@ -697,6 +737,53 @@ mod tests {
         )
         .await;
         round_trips_with(plan, "PartitionedTopKExec");
+    }
+
+    /// A runtime filter's Bloom filter travels inside the plan it filters (delivered before the
+    /// target starts) and drops on the worker what it dropped on the driver.
+    #[tokio::test]
+    async fn a_bloom_filter_predicate_round_trips_and_keeps_the_same_rows() {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::physical_expr::expressions::Column;
+        use datafusion::physical_plan::filter::FilterExec;
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let mut filter = KeyBloomFilter::for_building();
+        let build: Arc<dyn datafusion::arrow::array::Array> =
+            Arc::new(Int64Array::from_iter_values((0..1000).map(|k| k * 3)));
+        let mut hashes = Vec::new();
+        crate::key_bloom::hash_keys(&[build], 1000, &mut hashes).unwrap();
+        hashes.iter().for_each(|h| filter.insert(*h));
+        let expr = KeyBloomFilterExpr::new(
+            vec![Arc::new(Column::new("k", 0))],
+            Arc::new(filter.finish().unwrap()),
+        );
+        let input: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(Arc::clone(&schema)));
+        let read: Arc<dyn ExecutionPlan> =
+            Arc::new(StageInputExec::new(1usize, input.properties().clone()));
+        let plan: Arc<dyn ExecutionPlan> =
+            Arc::new(FilterExec::try_new(Arc::new(expr), read).unwrap());
+        let bytes = encode_stage_plan(Arc::clone(&plan)).unwrap();
+        let decoded = decode_stage_plan(&bytes, &TaskContext::default()).unwrap();
+        assert_eq!(text(&decoded), text(&plan));
+        assert!(
+            text(&decoded).contains("FilterExec: (k@0) IN BLOOM FILTER (8 KiB, 1000 rows)"),
+            "{}",
+            text(&decoded)
+        );
+        let predicate = decoded.downcast_ref::<FilterExec>().unwrap().predicate();
+        let probe = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(0..3000))],
+        )
+        .unwrap();
+        let keep = predicate
+            .evaluate(&probe)
+            .unwrap()
+            .into_array(3000)
+            .unwrap();
+        let keep = datafusion::arrow::array::as_boolean_array(&keep);
+        let kept: Vec<i64> = (0..3000).filter(|&k| keep.value(k as usize)).collect();
+        assert_eq!(kept, (0..1000).map(|k| k * 3).collect::<Vec<i64>>());
     }
 
     #[tokio::test]

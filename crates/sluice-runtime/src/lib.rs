@@ -28,6 +28,8 @@ pub mod delta;
 pub mod driver;
 pub mod error;
 pub mod faults;
+pub mod key_bloom;
+pub mod key_bloom_expr;
 mod memory;
 pub mod object_stores;
 pub mod options;

@@ -32,6 +32,9 @@ pub struct SluiceOptions {
     /// Run a job whose scans read at most this many bytes whole, as one task on one worker,
     /// instead of as stages of tasks (`sluice_planner::job_graph::single_task`); 0 cuts every job.
     pub single_task_bytes: u64,
+    /// A runtime filter whose build side held more distinct keys than it lists checks the union
+    /// of its source tasks' Bloom filters, besides the key bounds.
+    pub runtime_filter_bloom: bool,
 }
 
 /// The default of `sluice.broadcast_join_switch_bytes`: the distributed planner's static broadcast
@@ -52,12 +55,13 @@ impl Default for SluiceOptions {
             broadcast_join_switch: true,
             broadcast_join_switch_bytes: BROADCAST_JOIN_SWITCH_BYTES,
             single_task_bytes: SINGLE_TASK_BYTES,
+            runtime_filter_bloom: true,
         }
     }
 }
 
 /// Every setting: its name (after `sluice.`) and its description.
-const SETTINGS: [(&str, &str); 6] = [
+const SETTINGS: [(&str, &str); 7] = [
     (
         "skew_join_split",
         "With blocking exchanges, spread a skewed partition of a partitioned hash join (probe rows \
@@ -86,6 +90,13 @@ const SETTINGS: [(&str, &str); 6] = [
         "Distributed modes: run a query whose scans read at most this many bytes (file byte \
          ranges, in-memory tables) whole, as one task on one worker, instead of as stages of \
          tasks joined by shuffles; 0 cuts every query into stages",
+    ),
+    (
+        "runtime_filter_bloom",
+        "Distributed modes: a runtime filter whose join build side held more than 256 distinct \
+         keys drops the probe rows whose key is not in a Bloom filter of the build keys (besides \
+         those outside the keys' bounds), when it filters another stage than the join's, the \
+         build side had at most 131072 rows, and integer keys fill at most half their bounds",
     ),
 ];
 
@@ -120,6 +131,7 @@ impl ExtensionOptions for SluiceOptions {
             "broadcast_join_switch" => self.broadcast_join_switch = flag(value)?,
             "broadcast_join_switch_bytes" => self.broadcast_join_switch_bytes = number(value)?,
             "single_task_bytes" => self.single_task_bytes = number(value)?,
+            "runtime_filter_bloom" => self.runtime_filter_bloom = flag(value)?,
             _ => {
                 let names: Vec<String> = SETTINGS
                     .iter()
@@ -142,6 +154,7 @@ impl ExtensionOptions for SluiceOptions {
             self.broadcast_join_switch.to_string(),
             self.broadcast_join_switch_bytes.to_string(),
             self.single_task_bytes.to_string(),
+            self.runtime_filter_bloom.to_string(),
         ];
         SETTINGS
             .iter()
@@ -223,7 +236,7 @@ mod tests {
             shipped.get("sluice.skew_join_factor").map(String::as_str),
             Some("7")
         );
-        assert_eq!(shipped.len(), 6, "{shipped:?}");
+        assert_eq!(shipped.len(), 7, "{shipped:?}");
         let read = sluice_options_of(&shipped).unwrap();
         assert_eq!(
             (

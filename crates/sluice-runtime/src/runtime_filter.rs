@@ -2,16 +2,20 @@
 //! their build keys, merged by the driver into one predicate over the probe keys.
 //!
 //! ```text
-//!   source task 0: KeySummaryBuilder ─► KeySummary {min, max per column; ≤ 256 distinct keys}
-//!   source task 1: KeySummaryBuilder ─► KeySummary      │ encode (Arrow IPC, in TaskMetrics)
+//!   source task 0: KeySummaryBuilder ─► KeySummary {min, max per column; ≤ 256 distinct keys;
+//!   source task 1: KeySummaryBuilder ─► KeySummary  a Bloom filter of every key}
+//!                                                       │ encode (in TaskMetrics)
 //!                                                       ▼
-//!   driver: KeySummary::merge(all tasks) ─► predicate: p1 >= min1 AND p1 <= max1 [AND p1 IN (..)] …
+//!   driver: KeySummary::merge(all tasks) ─► predicate: p1 >= min1 AND p1 <= max1
+//!                                            [AND p1 IN (..) | AND (p1, ..) IN BLOOM FILTER] …
 //! ```
 //!
 //! Invariants: a summary covers every row of its task's output, or there is none (the builder's
 //! `finish` is called only at the end of the output); a key with a `NULL` column is left out, since
 //! it matches nothing; a predicate keeps every probe row whose key some summarised build row has
-//! (bounds always, an `IN` list only when every task listed all of its distinct keys).
+//! (bounds always; an `IN` list when every task listed all of its distinct keys and the union
+//! lists at most [`MAX_LISTED_KEYS`]; otherwise the union of the tasks' Bloom filters
+//! (`key_bloom`), when every task sent one and it is sparse enough to drop rows).
 
 use std::cmp::Ordering;
 use std::collections::HashSet;
@@ -36,11 +40,23 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use sluice_planner::job_graph::runtime_filters::replace_at;
 
-/// The most distinct keys a summary lists; beyond, it keeps bounds only.
+use crate::key_bloom::{KeyBloomFilter, MAX_ROWS as MAX_BLOOM_ROWS, has_null, hash_keys};
+use crate::key_bloom_expr::KeyBloomFilterExpr;
+
+/// The most distinct keys a summary lists; beyond, its bounds and Bloom filter stand for them.
 pub const MAX_LISTED_KEYS: usize = 256;
 
 /// The most bytes an encoded summary takes in a task's report (see `KeySummary::encode_within`).
-pub const MAX_SUMMARY_BYTES: usize = 64 * 1024;
+pub const MAX_SUMMARY_BYTES: usize = 256 * 1024;
+
+/// The largest share of set bits with which a Bloom filter still goes into a predicate: about 6 %
+/// false positives at worst; a fuller one costs its checks and drops little.
+pub const MAX_USEFUL_BLOOM_FILL: f64 = 0.7;
+
+/// The largest share of the integers within the bounds that the build rows may hold for a Bloom
+/// filter to go into a predicate: keys denser than that (every customer of a table, say) leave the
+/// filter next to nothing to drop that the bounds keep.
+pub const MAX_BLOOM_DENSITY: f64 = 0.5;
 
 /// What some rows held in their key columns; see the module docs.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,8 +64,11 @@ pub struct KeySummary {
     /// Per key column, the smallest and largest non-null value (`None`: no key without a `NULL`).
     pub bounds: Vec<Option<(ScalarValue, ScalarValue)>>,
     /// Every distinct key without a `NULL` (one value per column), if there are at most
-    /// [`MAX_LISTED_KEYS`].
+    /// [`MAX_LISTED_KEYS`] (beyond, the Bloom filter and the bounds stand for them).
     pub keys: Option<Vec<Vec<ScalarValue>>>,
+    /// Every key without a `NULL`, hashed into a Bloom filter (`None` from a summary that could
+    /// not carry it, see [`KeySummary::encode_within`]).
+    pub bloom: Option<KeyBloomFilter>,
 }
 
 /// Builds the summary of one task's output, batch by batch.
@@ -61,6 +80,11 @@ pub struct KeySummaryBuilder {
     /// The distinct keys so far (in the row format); `None` once there were more than
     /// [`MAX_LISTED_KEYS`].
     keys: Option<HashSet<Box<[u8]>>>,
+    /// The Bloom filter so far; `None` past `key_bloom::MAX_ROWS` rows.
+    bloom: Option<KeyBloomFilter>,
+    /// Rows taken in (with `NULL` keys too: the cap does not depend on the batches' order).
+    rows: u64,
+    hashes: Vec<u64>,
 }
 
 impl std::fmt::Debug for KeySummaryBuilder {
@@ -101,6 +125,9 @@ impl KeySummaryBuilder {
                 .collect::<Result<_>>()?,
             converter: RowConverter::new(types.into_iter().map(SortField::new).collect())?,
             keys: Some(HashSet::new()),
+            bloom: Some(KeyBloomFilter::for_building()),
+            rows: 0,
+            hashes: Vec::new(),
         })
     }
 
@@ -114,6 +141,20 @@ impl KeySummaryBuilder {
         for ((array, min), max) in arrays.iter().zip(&mut self.mins).zip(&mut self.maxs) {
             min.update_batch(std::slice::from_ref(array))?;
             max.update_batch(std::slice::from_ref(array))?;
+        }
+        self.rows = self.rows.saturating_add(batch.num_rows() as u64);
+        if let Some(bloom) = &mut self.bloom {
+            if self.rows > MAX_BLOOM_ROWS {
+                self.bloom = None;
+            } else {
+                hash_keys(&arrays, batch.num_rows(), &mut self.hashes)?;
+                let nulls = arrays.iter().any(|a| a.null_count() > 0);
+                for (i, hash) in self.hashes.iter().enumerate() {
+                    if !nulls || !has_null(&arrays, i) {
+                        bloom.insert(*hash);
+                    }
+                }
+            }
         }
         if let Some(keys) = &mut self.keys {
             let rows = self.converter.convert_columns(&arrays)?;
@@ -160,17 +201,39 @@ impl KeySummaryBuilder {
             }
             None => None,
         };
-        Ok(KeySummary { bounds, keys })
+        Ok(KeySummary {
+            bounds,
+            keys,
+            bloom: self.bloom.map(KeyBloomFilter::finish).transpose()?,
+        })
     }
 }
 
 /// Schema metadata key telling whether the encoded rows after the bounds list every key.
 const LISTED: &str = "sluice.keys_listed";
 
+/// The first bytes of an encoded summary.
+const MAGIC: &[u8; 4] = b"SKS1";
+
 impl KeySummary {
-    /// Arrow IPC: one batch, one column per key column; row 0 the minimums, row 1 the maximums
-    /// (`NULL` where a column has no bounds), then the listed keys.
+    /// [`MAGIC`], the length of the bounds and keys (u32, little-endian) and those in Arrow IPC (one
+    /// batch, one column per key column; row 0 the minimums, row 1 the maximums, `NULL` where a
+    /// column has no bounds, then the listed keys), then the Bloom filter's bytes, if any.
     pub fn encode(&self) -> Result<Vec<u8>> {
+        let ipc = self.encode_ipc()?;
+        let length = u32::try_from(ipc.len()).map_err(|_| {
+            DataFusionError::Internal(format!("a key summary of {} bytes", ipc.len()))
+        })?;
+        let bloom = self.bloom.as_ref().map(KeyBloomFilter::to_bytes);
+        let mut bytes = Vec::with_capacity(8 + ipc.len() + bloom.as_ref().map_or(0, Vec::len));
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&length.to_le_bytes());
+        bytes.extend_from_slice(&ipc);
+        bytes.extend(bloom.into_iter().flatten());
+        Ok(bytes)
+    }
+
+    fn encode_ipc(&self) -> Result<Vec<u8>> {
         let columns = self.bounds.len();
         let mut values: Vec<Vec<ScalarValue>> = vec![Vec::new(); columns];
         for (c, bounds) in self.bounds.iter().enumerate() {
@@ -235,6 +298,32 @@ impl KeySummary {
                 bytes.len()
             ))
         };
+        let (magic, rest) = bytes
+            .split_first_chunk::<4>()
+            .ok_or_else(|| malformed("no header"))?;
+        let (length, rest) = rest
+            .split_first_chunk::<4>()
+            .ok_or_else(|| malformed("no header"))?;
+        if magic != MAGIC {
+            return Err(malformed("not a key summary"));
+        }
+        let length =
+            usize::try_from(u32::from_le_bytes(*length)).map_err(|_| malformed("too long"))?;
+        if rest.len() < length {
+            return Err(malformed("cut short"));
+        }
+        let (ipc, bloom) = rest.split_at(length);
+        let bloom = if bloom.is_empty() {
+            None
+        } else {
+            Some(KeyBloomFilter::from_bytes(bloom)?)
+        };
+        let mut summary = Self::decode_ipc(ipc, &malformed)?;
+        summary.bloom = bloom;
+        Ok(summary)
+    }
+
+    fn decode_ipc(bytes: &[u8], malformed: &dyn Fn(&str) -> DataFusionError) -> Result<Self> {
         let mut reader = StreamReader::try_new(Cursor::new(bytes), None)?;
         let listed = reader.schema().metadata().get(LISTED).map(String::as_str) == Some("true");
         let batch = reader.next().ok_or_else(|| malformed("no batch"))??;
@@ -257,29 +346,63 @@ impl KeySummary {
         } else {
             None
         };
-        Ok(Self { bounds, keys })
+        Ok(Self {
+            bounds,
+            keys,
+            bloom: None,
+        })
     }
 
     /// [`encode`](Self::encode)d within `max_bytes`: without the listed keys if they do not fit,
-    /// `None` if even the bounds do not (long strings), which leaves the filter out.
+    /// then without the Bloom filter too, `None` if even the bounds do not (long strings), which
+    /// leaves the filter out.
     pub fn encode_within(&self, max_bytes: usize) -> Result<Option<Vec<u8>>> {
-        let bytes = self.encode()?;
-        if bytes.len() <= max_bytes {
+        let fits = |bytes: Vec<u8>| (bytes.len() <= max_bytes).then_some(bytes);
+        if let Some(bytes) = fits(self.encode()?) {
             return Ok(Some(bytes));
         }
-        if self.keys.is_none() {
-            return Ok(None);
-        }
-        let bounds_only = Self {
+        let mut smaller = Self {
+            bounds: self.bounds.clone(),
             keys: None,
-            ..self.clone()
+            bloom: self.bloom.clone(),
         };
-        let bytes = bounds_only.encode()?;
-        Ok((bytes.len() <= max_bytes).then_some(bytes))
+        if let Some(bytes) = fits(smaller.encode()?) {
+            return Ok(Some(bytes));
+        }
+        smaller.bloom = None;
+        Ok(fits(smaller.encode()?))
     }
 
-    /// Whether every key this summary saw passes the predicate `applied` made: within its bounds
-    /// and, if it listed keys, each column's value among its listed values.
+    /// The Bloom filter its predicate checks: when it lists no keys, the filter is sparse enough
+    /// to drop rows ([`MAX_USEFUL_BLOOM_FILL`]), and for integer keys its rows (duplicates
+    /// counted, so a build side with repeated keys may look denser than it is) are few against the
+    /// integers within the bounds ([`MAX_BLOOM_DENSITY`]).
+    pub fn membership_filter(&self) -> Option<&KeyBloomFilter> {
+        let bloom = self.bloom.as_ref()?;
+        if self.keys.is_some() || bloom.fill() > MAX_USEFUL_BLOOM_FILL {
+            return None;
+        }
+        match self.integer_span() {
+            Some(span) if bloom.rows() as f64 > MAX_BLOOM_DENSITY * span => None,
+            _ => Some(bloom),
+        }
+    }
+
+    /// How many keys fit within the bounds when every key column is an integer: the product of
+    /// the columns' `max - min + 1`; `None` otherwise.
+    fn integer_span(&self) -> Option<f64> {
+        self.bounds.iter().try_fold(1.0, |span, bounds| {
+            let (min, max) = bounds.as_ref()?;
+            if !min.data_type().is_integer() {
+                return None;
+            }
+            Some(span * (min.distance(max)? as f64 + 1.0))
+        })
+    }
+
+    /// Whether every key this summary saw passes the predicate `applied` made: within its bounds,
+    /// if it listed keys each column's value among its listed values, and if it checked a Bloom
+    /// filter every key this one hashed in it.
     pub fn covered_by(&self, applied: &KeySummary) -> bool {
         if self.bounds.len() != applied.bounds.len() {
             return false;
@@ -302,7 +425,12 @@ impl KeySummary {
                     .all(|(c, value)| applied.iter().any(|k| k.get(c) == Some(value)))
             }),
         };
-        within && listed
+        let hashed = match (applied.membership_filter(), &self.bloom) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(applied), Some(own)) => applied.covers(own),
+        };
+        within && listed && hashed
     }
 
     /// The summary of all the rows `summaries` summarised (at least one).
@@ -344,8 +472,17 @@ impl KeySummary {
                 _ => keys = None,
             }
         }
+        let bloom = match summaries
+            .iter()
+            .map(|s| s.bloom.as_ref())
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(filters) => Some(KeyBloomFilter::union(filters)?),
+            None => None,
+        };
         Ok(Self {
             bounds,
+            bloom,
             keys: keys.map(|k| {
                 let mut keys: Vec<Vec<ScalarValue>> = k.into_iter().collect();
                 keys.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
@@ -399,6 +536,16 @@ impl KeySummary {
                 conjuncts.push(compare(Operator::GtEq, min));
                 conjuncts.push(compare(Operator::LtEq, max));
             }
+        }
+        if let Some(bloom) = self.membership_filter() {
+            let keys = columns
+                .iter()
+                .map(|&index| key_column(schema, index).map(|(_, column)| column))
+                .collect::<Result<Vec<_>>>()?;
+            conjuncts.push(Arc::new(KeyBloomFilterExpr::new(
+                keys,
+                Arc::new(bloom.clone()),
+            )));
         }
         Ok(conjuncts
             .into_iter()
@@ -522,11 +669,13 @@ mod tests {
     }
 
     #[test]
-    fn more_distinct_keys_than_listed_keep_bounds_only() {
+    fn more_distinct_keys_than_listed_keep_bounds_and_a_bloom_filter() {
         let many: Vec<Option<i64>> = (0..=MAX_LISTED_KEYS as i64).map(Some).collect();
         let names = vec![Some("x"); many.len()];
         let summary = summary_of(&[batch(many, names)], &[0]);
         assert_eq!(summary.keys, None);
+        let bloom = summary.bloom.as_ref().unwrap();
+        assert_eq!((bloom.rows(), bloom.bytes()), (257, 8192));
         assert_eq!(
             summary.bounds,
             vec![Some((
@@ -584,10 +733,10 @@ mod tests {
 
     #[test]
     fn a_rerun_is_covered_only_by_a_filter_that_keeps_all_of_its_keys() {
-        let applied = summary_of(&[batch(vec![Some(2), Some(4)], vec![None, None])], &[0]);
-        let same = summary_of(&[batch(vec![Some(4)], vec![None])], &[0]);
+        let applied = summary_of(&[batch(vec![Some(2), Some(40)], vec![None, None])], &[0]);
+        let same = summary_of(&[batch(vec![Some(40)], vec![None])], &[0]);
         let other = summary_of(&[batch(vec![Some(3)], vec![None])], &[0]);
-        let wider = summary_of(&[batch(vec![Some(9)], vec![None])], &[0]);
+        let wider = summary_of(&[batch(vec![Some(99)], vec![None])], &[0]);
         let empty = summary_of(&[batch(vec![None], vec![None])], &[0]);
         assert!(same.covered_by(&applied));
         assert!(empty.covered_by(&applied));
@@ -596,10 +745,24 @@ mod tests {
         assert!(!wider.covered_by(&applied));
         let bounds_only = KeySummary {
             keys: None,
+            bloom: None,
             ..applied.clone()
         };
         assert!(other.covered_by(&bounds_only));
         assert!(!wider.covered_by(&bounds_only));
+        // Not listed but hashed: the Bloom filter drops 3.
+        let hashed = KeySummary {
+            keys: None,
+            ..applied.clone()
+        };
+        assert!(same.covered_by(&hashed));
+        assert!(empty.covered_by(&hashed));
+        assert!(!other.covered_by(&hashed));
+        let unhashed_rerun = KeySummary {
+            bloom: None,
+            ..same.clone()
+        };
+        assert!(!unhashed_rerun.covered_by(&hashed));
     }
 
     #[test]
@@ -613,9 +776,19 @@ mod tests {
             &[1],
         );
         assert_eq!(summary.keys.as_ref().map(Vec::len), Some(200));
+        // Without its keys it fits in 16 KiB with its Bloom filter (8 KiB); in 8 KiB with neither.
+        let capped = summary.encode_within(16 * 1024).unwrap().unwrap();
+        let back = KeySummary::decode(&capped).unwrap();
+        assert_eq!(
+            (back.keys, back.bounds, back.bloom),
+            (None, summary.bounds.clone(), summary.bloom.clone())
+        );
         let capped = summary.encode_within(8 * 1024).unwrap().unwrap();
         let back = KeySummary::decode(&capped).unwrap();
-        assert_eq!((back.keys, back.bounds), (None, summary.bounds.clone()));
+        assert_eq!(
+            (back.keys, back.bounds, back.bloom),
+            (None, summary.bounds.clone(), None)
+        );
         assert_eq!(summary.encode_within(1000).unwrap(), None);
         assert!(summary.encode_within(MAX_SUMMARY_BYTES).unwrap().is_some());
     }
@@ -659,6 +832,7 @@ mod tests {
 
         let bounds_only = KeySummary {
             keys: None,
+            bloom: None,
             ..summary.clone()
         };
         assert_eq!(
@@ -675,5 +849,172 @@ mod tests {
             error.contains("compares x (Utf8) with keys of type Int64"),
             "{error}"
         );
+    }
+
+    fn int_keys(keys: impl Iterator<Item = i64>) -> RecordBatch {
+        let keys: Vec<Option<i64>> = keys.map(Some).collect();
+        let names = vec![None; keys.len()];
+        batch(keys, names)
+    }
+
+    fn kept_keys(predicate: &Arc<dyn PhysicalExpr>, probe: std::ops::Range<i64>) -> Vec<i64> {
+        let rows = int_keys(probe.clone());
+        let kept = predicate
+            .evaluate(&rows)
+            .unwrap()
+            .into_array(rows.num_rows())
+            .unwrap();
+        let kept = datafusion::arrow::array::as_boolean_array(&kept);
+        probe
+            .zip(kept.iter())
+            .filter_map(|(key, keep)| (keep == Some(true)).then_some(key))
+            .collect()
+    }
+
+    #[test]
+    fn more_keys_than_listed_filter_by_the_union_of_the_tasks_bloom_filters() {
+        // Two tasks' multiples of 3, 600 in all: too many to list, so their Bloom filters (8 KiB
+        // each, 300 rows) are OR-ed, and the predicate drops every other key within the bounds.
+        let a = summary_of(&[int_keys((0..900).step_by(3))], &[0]);
+        let b = summary_of(&[int_keys((900..1800).step_by(3))], &[0]);
+        let merged = KeySummary::merge(&[a, b]).unwrap();
+        assert_eq!(merged.keys, None);
+        let merged = KeySummary::decode(&merged.encode().unwrap()).unwrap();
+        let predicate = merged.predicate(&schema(), &[0]).unwrap();
+        assert_eq!(
+            predicate.to_string(),
+            "k@0 >= 0 AND k@0 <= 1797 AND (k@0) IN BLOOM FILTER (8 KiB, 600 rows)"
+        );
+        assert_eq!(
+            kept_keys(&predicate, -10..1900),
+            (0..1800).step_by(3).collect::<Vec<i64>>()
+        );
+    }
+
+    #[test]
+    fn a_key_of_two_columns_filters_by_the_bloom_filter_of_both() {
+        // 300 keys (k, s) = (i, "n{i % 2}"): a probe row matches only with the same pair.
+        let names: Vec<String> = (0..600).map(|i| format!("n{}", i % 2)).collect();
+        let build = |range: std::ops::Range<usize>| {
+            batch(
+                range.clone().map(|i| Some(i as i64 * 10)).collect(),
+                range.map(|i| Some(names[i].as_str())).collect(),
+            )
+        };
+        let a = summary_of(&[build(0..150)], &[0, 1]);
+        let b = summary_of(&[build(150..300)], &[0, 1]);
+        let merged = KeySummary::merge(&[a, b]).unwrap();
+        let predicate = merged.predicate(&schema(), &[0, 1]).unwrap();
+        assert_eq!(
+            predicate.to_string(),
+            "k@0 >= 0 AND k@0 <= 2990 AND s@1 >= n0 AND s@1 <= n1 AND (k@0, s@1) IN BLOOM FILTER \
+             (8 KiB, 300 rows)"
+        );
+        // Every pair of k in 0..3000 and s in {n0, n1, n2}: only the 300 built pairs pass.
+        let probe: Vec<(i64, String)> = (0..3000)
+            .flat_map(|k| ["n0", "n1", "n2"].map(|s| (k, s.to_string())))
+            .collect();
+        let rows = batch(
+            probe.iter().map(|(k, _)| Some(*k)).collect(),
+            probe.iter().map(|(_, s)| Some(s.as_str())).collect(),
+        );
+        let kept = predicate
+            .evaluate(&rows)
+            .unwrap()
+            .into_array(rows.num_rows())
+            .unwrap();
+        let kept = datafusion::arrow::array::as_boolean_array(&kept);
+        let kept: Vec<(i64, String)> = probe
+            .into_iter()
+            .zip(kept.iter())
+            .filter_map(|(row, keep)| (keep == Some(true)).then_some(row))
+            .collect();
+        let built: Vec<(i64, String)> = (0..300)
+            .map(|i| (i as i64 * 10, format!("n{}", i % 2)))
+            .collect();
+        assert_eq!(kept, built);
+    }
+
+    #[test]
+    fn integer_keys_dense_within_their_bounds_filter_by_the_bounds_only() {
+        // 600 of the 1,000 integers within the bounds: over half of them.
+        let dense = summary_of(&[int_keys(0..300), int_keys(700..1000)], &[0]);
+        assert_eq!(dense.bloom.as_ref().map(KeyBloomFilter::rows), Some(600));
+        assert_eq!(dense.membership_filter(), None);
+        assert_eq!(
+            dense.predicate(&schema(), &[0]).unwrap().to_string(),
+            "k@0 >= 0 AND k@0 <= 999"
+        );
+        // 300 of the 1,000: the filter goes in.
+        let sparse = summary_of(&[int_keys(0..150), int_keys(850..1000)], &[0]);
+        assert!(sparse.membership_filter().is_some());
+        // Strings have no density: the filter goes in.
+        let names: Vec<String> = (0..600).map(|i| format!("{i:04}")).collect();
+        let strings = summary_of(
+            &[batch(
+                vec![None; 600],
+                names.iter().map(|n| Some(n.as_str())).collect(),
+            )],
+            &[1],
+        );
+        assert!(strings.membership_filter().is_some());
+    }
+
+    #[test]
+    fn a_build_side_of_more_rows_than_a_bloom_filter_takes_has_none() {
+        let most = summary_of(&[int_keys(0..MAX_BLOOM_ROWS as i64)], &[0]);
+        assert_eq!(
+            most.bloom.as_ref().map(KeyBloomFilter::rows),
+            Some(MAX_BLOOM_ROWS)
+        );
+        let more = summary_of(
+            &[
+                int_keys(0..100_000),
+                int_keys(100_000..MAX_BLOOM_ROWS as i64 + 1),
+            ],
+            &[0],
+        );
+        assert_eq!((more.keys, more.bloom), (None, None));
+    }
+
+    #[test]
+    fn a_bloom_filter_too_full_to_drop_rows_stays_out_of_the_predicate() {
+        // 60,000 keys (sparse in their bounds) folded into the 8 KiB of a task that saw 3: nearly
+        // every bit is set.
+        let large = summary_of(&[int_keys((0..60_000).map(|k| k * 10))], &[0]);
+        let small = summary_of(&[int_keys(0..3)], &[0]);
+        let merged = KeySummary::merge(&[large, small]).unwrap();
+        let bloom = merged.bloom.as_ref().unwrap();
+        assert_eq!(bloom.bytes(), 8192);
+        assert!(bloom.fill() > MAX_USEFUL_BLOOM_FILL, "{}", bloom.fill());
+        assert_eq!(merged.membership_filter(), None);
+        assert_eq!(
+            merged.predicate(&schema(), &[0]).unwrap().to_string(),
+            "k@0 >= 0 AND k@0 <= 599990"
+        );
+    }
+
+    #[test]
+    fn a_malformed_summary_is_an_error_naming_what_is_wrong() {
+        let summary = summary_of(&[int_keys(0..10)], &[0]);
+        let bytes = summary.encode().unwrap();
+        for (bad, what) in [
+            (&bytes[..3], "no header"),
+            (&bytes[..20], "cut short"),
+            (&b"PAR1\0\0\0\0"[..], "not a key summary"),
+        ] {
+            let err = KeySummary::decode(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "a malformed key summary ({} bytes): {what}",
+                    bad.len()
+                )),
+                "{err}"
+            );
+        }
+        let err = KeySummary::decode(&bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a malformed Bloom filter"), "{err}");
     }
 }

@@ -986,6 +986,88 @@ async fn a_probe_scan_in_another_stage_skips_the_row_groups_a_finished_build_sid
     assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
 }
 
+/// A build side of 500 keys spread over the probe keys' whole range: its bounds rule out nothing,
+/// too many keys to list, so the probe side in another stage drops what the union of the build
+/// tasks' Bloom filters rules out; with `sluice.runtime_filter_bloom` off it keeps the bounds only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_side_of_many_keys_filters_its_probe_side_by_a_bloom_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime_filter_tables(dir.path()).await;
+    let sql = "SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.k = d.k WHERE d.k % 200 = 0";
+    let local = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::Local,
+        common::runner(ExecutionMode::Local),
+        &PARTITIONED_JOINS,
+    )
+    .await;
+    let expected = formatted(&local, sql).await;
+    // Keys 0, 200, ..., 99,800 of the fact table; k % 7 summed over them.
+    let sum: i64 = (0..500).map(|i| (i * 200) % 7).sum();
+    assert_eq!(expected, [["500".to_string(), sum.to_string()]]);
+
+    let runner = LocalClusterRunner::with_options(ClusterOptions {
+        workers: 2,
+        exchange: sluice_planner::OutputMode::Blocking,
+        ..ClusterOptions::default()
+    });
+    let cluster = runtime_filter_session(
+        dir.path(),
+        ExecutionMode::LocalCluster,
+        Arc::new(runner.clone()),
+        &PARTITIONED_JOINS_KEPT,
+    )
+    .await;
+    let graph = cluster.job_graph(sql).await.unwrap();
+    let [filter] = graph.runtime_filters() else {
+        panic!("one runtime filter: {:?}", graph.runtime_filters());
+    };
+    let target = filter.target.0;
+    // The rows the fact scan's stage sent on to the join, over its tasks.
+    let sent_rows = |job: &sluice_runtime::JobRecord| {
+        stage_summaries(&job.stage_tasks, &job.attempts)[target]
+            .totals
+            .rows
+    };
+
+    assert_eq!(formatted(&cluster, sql).await, expected);
+    // Every build task saw about 250 keys: each listed them, but 500 are too many to list.
+    assert_eq!(
+        sent_rows(&newest_job(&runner).await),
+        500,
+        "fact rows after the filter"
+    );
+    let text = explain_analyze(&cluster, sql).await;
+    let note = format!(
+        "runtime filter: k@0 >= 0 AND k@0 <= 99800 AND (k@0) IN BLOOM FILTER (8 KiB, 500 rows) \
+         (from stage {}, for HashJoinExec Inner on (k@0 = k@0) in stage",
+        filter.source
+    );
+    assert!(text.contains(&note), "{note}\n{text}");
+
+    cluster
+        .run_sql("SET sluice.runtime_filter_bloom = false")
+        .await
+        .unwrap();
+    assert_eq!(formatted(&cluster, sql).await, expected);
+    // The bounds keep keys 0..=99,800.
+    assert_eq!(
+        sent_rows(&newest_job(&runner).await),
+        99_801,
+        "fact rows after the bounds"
+    );
+    let text = explain_analyze(&cluster, sql).await;
+    let note = format!(
+        "runtime filter: k@0 >= 0 AND k@0 <= 99800 (from stage {}",
+        filter.source
+    );
+    assert!(
+        text.contains(&note) && !text.contains("BLOOM"),
+        "{note}\n{text}"
+    );
+    assert!(wait_idle(&runner, Duration::from_secs(2)).await.is_idle());
+}
+
 /// A fact table of 200,000 rows in four files, 90 % of them on key 7 (the rest on keys ending in
 /// 9), and a dimension holding keys 0..1,000 once each. No column is written in order, so no
 /// scan keeps its files' order.

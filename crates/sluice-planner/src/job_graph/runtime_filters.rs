@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   stage B (Blocking) ──Shuffle──┐            B's tasks summarise the build keys of their output
-//!                                 ▼            (bounds and, when few, the distinct keys)
+//!                                 ▼            (bounds; the distinct keys when few, else a
+//!                                              Bloom filter of them)
 //!   stage S: HashJoinExec(on b = p)            when B finished, the driver merges the summaries
 //!                                 ▲            and puts FilterExec(p within them) on top of P's
 //!   stage P (Blocking) ──Shuffle──┘            plan, pushed down into its scan, before P starts
@@ -76,6 +77,8 @@ pub struct RuntimeFilter {
     pub target_columns: Vec<usize>,
     /// The join, for EXPLAIN: `HashJoinExec Inner on (a = b)` and the stage holding it.
     pub join: String,
+    /// The stage holding the join (the target is it or a stage that produces its probe side).
+    pub join_stage: StageId,
     /// When the filter reaches its target.
     pub delivery: FilterDelivery,
 }
@@ -442,6 +445,7 @@ fn join_filter(
         target_path,
         target_columns,
         join,
+        join_stage: stage,
         delivery,
     })
 }

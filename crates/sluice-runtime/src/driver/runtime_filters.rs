@@ -37,6 +37,7 @@ use sluice_planner::{FilterDelivery, JobId, RuntimeFilter, StageId, TaskAttempt,
 use super::StageNote;
 use super::job::JobEntry;
 use crate::definition::RuntimeFilterUpdate;
+use crate::options::{SluiceOptions, sluice_options_of};
 use crate::runtime_filter::{KeySummary, filter_at};
 
 /// The longest predicate text a note shows.
@@ -113,7 +114,7 @@ fn live_summary(
     entry: &JobEntry,
     filter: &RuntimeFilter,
 ) -> Result<(Option<(KeySummary, bytes::Bytes)>, StageNote)> {
-    let Some(summary) = merged_summary(entry, filter.source)? else {
+    let Some(summary) = filter_summary(entry, filter)? else {
         let note = StageNote {
             target: filter.target,
             text: format!(
@@ -235,7 +236,7 @@ fn filter_stage(
     let mut built = Vec::new();
     let mut applied = Vec::new();
     for filter in filters {
-        let Some(summary) = merged_summary(entry, filter.source)? else {
+        let Some(summary) = filter_summary(entry, filter)? else {
             notes.push(StageNote {
                 target,
                 text: format!(
@@ -286,6 +287,25 @@ fn filter_stage(
     })
 }
 
+/// The summary `filter` is built from: its source's merged summary, without the Bloom filter when
+/// the job's `sluice.runtime_filter_bloom` is off, or when the filter goes into the join's own
+/// stage (there the join's hash table checks the same rows as cheaply; bounds still prune the
+/// scan's row groups).
+fn filter_summary(entry: &JobEntry, filter: &RuntimeFilter) -> Result<Option<KeySummary>> {
+    let Some(mut summary) = merged_summary(entry, filter.source)? else {
+        return Ok(None);
+    };
+    if !checks_bloom(filter, &sluice_options_of(&entry.config)?) {
+        summary.bloom = None;
+    }
+    Ok(Some(summary))
+}
+
+/// Whether `filter`'s predicate may check its source's Bloom filter; see [`filter_summary`].
+fn checks_bloom(filter: &RuntimeFilter, options: &SluiceOptions) -> bool {
+    options.runtime_filter_bloom && filter.target != filter.join_stage
+}
+
 /// The summary of every task of `source` (their succeeded attempts'), `None` if one has none.
 fn merged_summary(entry: &JobEntry, source: StageId) -> Result<Option<KeySummary>> {
     let partitions = entry.graph.stage(source).map_or(0, |s| s.partitions());
@@ -314,5 +334,39 @@ fn shortened(text: &str) -> String {
     match text.char_indices().nth(NOTE_PREDICATE_CHARS) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_filter_of_another_stage_than_its_joins_checks_a_bloom_filter() {
+        let filter = |target: usize| RuntimeFilter {
+            source: StageId(0),
+            source_columns: vec![0],
+            target: StageId(target),
+            target_path: Vec::new(),
+            target_columns: vec![0],
+            join: "HashJoinExec Inner on (a@0 = b@0) in stage 2".to_string(),
+            join_stage: StageId(2),
+            delivery: FilterDelivery::BeforeStart,
+        };
+        let on = SluiceOptions::default();
+        let off = SluiceOptions {
+            runtime_filter_bloom: false,
+            ..SluiceOptions::default()
+        };
+        // Target 1 produces the join's probe side; target 2 is the join's own stage.
+        assert_eq!(
+            [
+                checks_bloom(&filter(1), &on),
+                checks_bloom(&filter(2), &on),
+                checks_bloom(&filter(1), &off),
+                checks_bloom(&filter(2), &off),
+            ],
+            [true, false, false, false]
+        );
     }
 }

@@ -1321,6 +1321,7 @@ fn summary_of(keys: &[i64]) -> Vec<u8> {
     crate::runtime_filter::KeySummary {
         bounds: vec![Some((value(*min), value(*max)))],
         keys: Some(keys.iter().map(|k| vec![value(*k)]).collect()),
+        bloom: None,
     }
     .encode()
     .unwrap()

@@ -294,6 +294,7 @@ mod tests {
         let summary = KeySummary {
             bounds: vec![Some((value.clone(), value.clone()))],
             keys: Some(vec![vec![value]]),
+            bloom: None,
         };
         bytes::Bytes::from(summary.encode().unwrap())
     }
