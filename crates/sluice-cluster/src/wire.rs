@@ -244,6 +244,7 @@ pub(crate) fn encode_definition(definition: &TaskDefinition) -> Result<Vec<u8>> 
                     path: to_u32s(&f.path, "runtime filter path")?,
                     columns: to_u32s(&f.columns, "runtime filter column")?,
                     summary: f.summary.as_ref().map(|b| b.to_vec()),
+                    wait: f.wait,
                 })
             })
             .collect::<Result<Vec<_>>>()?,
@@ -330,6 +331,7 @@ pub(crate) fn decode_definition(bytes: &[u8], ctx: &TaskContext) -> Result<TaskD
                 path: f.path.iter().map(|i| *i as usize).collect(),
                 columns: f.columns.iter().map(|c| *c as usize).collect(),
                 summary: f.summary.map(bytes::Bytes::from),
+                wait: f.wait,
             })
             .collect(),
         announce_running: message.announce_running,
@@ -634,12 +636,14 @@ pub(crate) mod tests {
                     path: vec![0, 1],
                     columns: vec![3],
                     summary: None,
+                    wait: true,
                 },
                 LiveRuntimeFilter {
                     filter: 0,
                     path: Vec::new(),
                     columns: vec![0, 1],
                     summary: Some(bytes::Bytes::from_static(b"summary")),
+                    wait: false,
                 },
             ],
             announce_running: true,

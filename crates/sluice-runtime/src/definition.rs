@@ -139,6 +139,11 @@ pub struct LiveRuntimeFilter {
     /// The source's merged key summary (`KeySummary::encode`), if the driver had it when it
     /// defined the attempt.
     pub summary: Option<bytes::Bytes>,
+    /// Whether the attempt waits for the summary before it starts reading (at most
+    /// `sluice.runtime_filter_wait_ms`): only where the source can finish without the target
+    /// reading anything, that is when the target is not the join's own stage, which reads the
+    /// source (see `plan::await_filters`).
+    pub wait: bool,
 }
 
 /// The key summary of a runtime filter's source, for the running tasks of its target stage.

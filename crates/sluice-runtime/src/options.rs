@@ -35,11 +35,18 @@ pub struct SluiceOptions {
     /// A runtime filter whose build side held more distinct keys than it lists checks the union
     /// of its source tasks' Bloom filters, besides the key bounds.
     pub runtime_filter_bloom: bool,
+    /// With pipelined exchanges, how long (milliseconds) a task whose runtime filters have not
+    /// arrived waits for them before it starts reading (0: it starts at once).
+    pub runtime_filter_wait_ms: u64,
 }
 
 /// The default of `sluice.broadcast_join_switch_bytes`: the distributed planner's static broadcast
 /// threshold (`sluice_planner::DISTRIBUTED_BROADCAST_THRESHOLD`).
 pub const BROADCAST_JOIN_SWITCH_BYTES: u64 = 10 * 1024 * 1024;
+
+/// The default of `sluice.runtime_filter_wait_ms`: a second, as Impala's scans wait for their
+/// runtime filters (`RUNTIME_FILTER_WAIT_TIME_MS`).
+pub const RUNTIME_FILTER_WAIT_MS: u64 = 1000;
 
 /// The default of `sluice.single_task_bytes`: 32 MiB, a quarter of the bytes one Spark task
 /// scans by default (`spark.sql.files.maxPartitionBytes`, 128 MiB). TPC-H SF 0.01 (3.5 MB) runs
@@ -56,12 +63,13 @@ impl Default for SluiceOptions {
             broadcast_join_switch_bytes: BROADCAST_JOIN_SWITCH_BYTES,
             single_task_bytes: SINGLE_TASK_BYTES,
             runtime_filter_bloom: true,
+            runtime_filter_wait_ms: RUNTIME_FILTER_WAIT_MS,
         }
     }
 }
 
 /// Every setting: its name (after `sluice.`) and its description.
-const SETTINGS: [(&str, &str); 7] = [
+const SETTINGS: [(&str, &str); 8] = [
     (
         "skew_join_split",
         "With blocking exchanges, spread a skewed partition of a partitioned hash join (probe rows \
@@ -98,6 +106,12 @@ const SETTINGS: [(&str, &str); 7] = [
          those outside the keys' bounds), when it filters another stage than the join's, the \
          build side had at most 131072 rows, and integer keys fill at most half their bounds",
     ),
+    (
+        "runtime_filter_wait_ms",
+        "With pipelined exchanges, how long (milliseconds) a task whose runtime filters have not \
+         arrived yet waits for them before it starts reading, so its scans skip what they rule \
+         out; 0 starts it at once (the filters then drop only what it reads after they arrive)",
+    ),
 ];
 
 impl ExtensionOptions for SluiceOptions {
@@ -132,6 +146,7 @@ impl ExtensionOptions for SluiceOptions {
             "broadcast_join_switch_bytes" => self.broadcast_join_switch_bytes = number(value)?,
             "single_task_bytes" => self.single_task_bytes = number(value)?,
             "runtime_filter_bloom" => self.runtime_filter_bloom = flag(value)?,
+            "runtime_filter_wait_ms" => self.runtime_filter_wait_ms = number(value)?,
             _ => {
                 let names: Vec<String> = SETTINGS
                     .iter()
@@ -155,6 +170,7 @@ impl ExtensionOptions for SluiceOptions {
             self.broadcast_join_switch_bytes.to_string(),
             self.single_task_bytes.to_string(),
             self.runtime_filter_bloom.to_string(),
+            self.runtime_filter_wait_ms.to_string(),
         ];
         SETTINGS
             .iter()
@@ -236,7 +252,7 @@ mod tests {
             shipped.get("sluice.skew_join_factor").map(String::as_str),
             Some("7")
         );
-        assert_eq!(shipped.len(), 7, "{shipped:?}");
+        assert_eq!(shipped.len(), 8, "{shipped:?}");
         let read = sluice_options_of(&shipped).unwrap();
         assert_eq!(
             (

@@ -131,6 +131,14 @@ pub(super) fn task_definition(
     })
 }
 
+/// Whether `stage` reads `input`'s output.
+fn reads(entry: &JobEntry, stage: StageId, input: StageId) -> bool {
+    entry
+        .graph
+        .stage(stage)
+        .is_some_and(|s| s.inputs.iter().any(|i| i.stage == input))
+}
+
 /// The runtime filters `stage`'s tasks get while they run, with the summary of each whose source
 /// finished already.
 fn live_filters(entry: &JobEntry, stage: StageId) -> Vec<LiveRuntimeFilter> {
@@ -139,12 +147,17 @@ fn live_filters(entry: &JobEntry, stage: StageId) -> Vec<LiveRuntimeFilter> {
         .runtime_filters()
         .iter()
         .enumerate()
-        .filter(|(_, f)| f.target == stage && f.delivery == FilterDelivery::WhileRunning)
+        .filter(|(index, f)| {
+            f.target == stage
+                && f.delivery == FilterDelivery::WhileRunning
+                && !entry.withdrawn_filters.contains(index)
+        })
         .map(|(index, f)| LiveRuntimeFilter {
             filter: index,
             path: f.target_path.clone(),
             columns: f.target_columns.clone(),
             summary: entry.live_filters.get(&index).cloned().flatten(),
+            wait: f.target != f.join_stage && !reads(entry, f.target, f.source),
         })
         .collect()
 }

@@ -78,6 +78,9 @@ pub(super) struct JobEntry {
     /// their source finished: the merged key summary sent (`None`: none could be built). Every
     /// later attempt of the target gets it with its definition.
     pub live_filters: std::collections::BTreeMap<usize, Option<bytes::Bytes>>,
+    /// Live filters withdrawn because their target's region runs again
+    /// (`runtime_filters::withdraw_for_retry`): no later attempt gets them.
+    pub withdrawn_filters: std::collections::BTreeSet<usize>,
     /// Join stages whose skew split was decided (split or not): never again for this job.
     pub skew_decided: std::collections::BTreeSet<StageId>,
     /// The splits decided: every attempt of those stages' tasks reads what they say.
@@ -128,6 +131,7 @@ impl JobEntry {
             stage_notes: Vec::new(),
             applied_summaries: std::collections::HashMap::new(),
             live_filters: std::collections::BTreeMap::new(),
+            withdrawn_filters: std::collections::BTreeSet::new(),
             skew_decided: std::collections::BTreeSet::new(),
             skew_splits: std::collections::HashMap::new(),
             switch_decided: std::collections::BTreeSet::new(),

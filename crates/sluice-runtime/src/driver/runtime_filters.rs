@@ -22,9 +22,10 @@
 //! runs the filtered plan; a live filter drops only what its target's tasks read after it arrived,
 //! which changes the work, never the answer; anything missing (a source task without a summary) or
 //! failing leaves the plan as it was, which is always a correct answer, and says why; a source
-//! task that runs again after its filter was applied or sent (lineage, a retried pipelined region)
-//! must see only keys that filter kept, or its job fails; the filter is not pushed down into a
-//! subtree holding a limit.
+//! task that runs again after its filter was applied or sent (lineage) must see only keys that
+//! filter kept, or its job fails; a live filter whose source and target both run again (a retried
+//! pipelined region) is withdrawn instead, so the target's new attempts read every row; the filter
+//! is not pushed down into a subtree holding a limit.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -32,7 +33,9 @@ use std::sync::Arc;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 use sluice_planner::job_graph::runtime_filters::node_at;
-use sluice_planner::{FilterDelivery, JobId, RuntimeFilter, StageId, TaskAttempt, TaskId};
+use sluice_planner::{
+    FilterDelivery, JobId, RegionId, RuntimeFilter, StageId, TaskAttempt, TaskId,
+};
 
 use super::StageNote;
 use super::job::JobEntry;
@@ -64,6 +67,7 @@ pub(super) fn apply_ready(entry: &mut JobEntry, job: JobId, finished: StageId) -
         if filter.source != finished
             || filter.delivery != FilterDelivery::WhileRunning
             || entry.live_filters.contains_key(&index)
+            || entry.withdrawn_filters.contains(&index)
         {
             continue;
         }
@@ -186,6 +190,54 @@ fn filter_waiting_targets(entry: &mut JobEntry, finished: StageId) -> Vec<StageN
                 text: format!("runtime filter: none, the filter could not be applied ({e})"),
             }),
         }
+    }
+    notes
+}
+
+/// Withdraws every live filter whose source and target both run again in the retried `region`
+/// (a pipelined region is its whole job): the target's new attempts read every row, so the
+/// source's new run may see other keys than the first (upstream filters arrive at other times) and
+/// is not checked against the summary sent from the first. A filter whose target does not run
+/// again keeps its check. Returns the notes saying so.
+pub(super) fn withdraw_for_retry(entry: &mut JobEntry, region: RegionId) -> Vec<StageNote> {
+    let Some(tasks) = entry.graph.topology().regions().get(region.0) else {
+        return Vec::new();
+    };
+    let stages: BTreeSet<StageId> = tasks.tasks.iter().map(|t| t.stage).collect();
+    let graph = Arc::clone(&entry.graph);
+    let mut notes = Vec::new();
+    for (index, filter) in graph.runtime_filters().iter().enumerate() {
+        if filter.delivery != FilterDelivery::WhileRunning
+            || !stages.contains(&filter.source)
+            || !stages.contains(&filter.target)
+            || !entry.withdrawn_filters.insert(index)
+        {
+            continue;
+        }
+        notes.push(StageNote {
+            target: filter.target,
+            text: format!(
+                "runtime filter from stage {} withdrawn: its region ran again, and the retried \
+                 tasks read every row (for {})",
+                filter.source, filter.join
+            ),
+        });
+    }
+    let withdrawn_sources: BTreeSet<StageId> = graph
+        .runtime_filters()
+        .iter()
+        .map(|f| f.source)
+        .filter(|source| {
+            graph
+                .runtime_filters()
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.source == *source)
+                .all(|(index, _)| entry.withdrawn_filters.contains(&index))
+        })
+        .collect();
+    for source in withdrawn_sources {
+        entry.applied_summaries.remove(&source);
     }
     notes
 }

@@ -24,7 +24,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -41,6 +41,8 @@ use crate::codec::decode_stage_plan;
 use crate::definition::{StagePlan, TaskDefinition, TaskState, TaskStatusReport};
 use crate::error::{ErrorKind, RemoteError, sluice_error};
 use crate::memory::task_pool;
+use crate::options::{RUNTIME_FILTER_WAIT_MS, SluiceOptions};
+use crate::plan::await_filters::AwaitRuntimeFiltersExec;
 use crate::plan::key_summary::{KeySummaryExec, take_summary};
 use crate::stream_store::TaskStreams;
 use crate::task::assemble_task;
@@ -197,6 +199,22 @@ async fn execute(shared: &Arc<WorkerShared>, definition: TaskDefinition) -> Resu
             &definition.runtime_filters,
             context.session_config().options(),
         );
+        // The task starts reading once they arrived (or after `sluice.runtime_filter_wait_ms`).
+        let wait = context
+            .session_config()
+            .options()
+            .extensions
+            .get::<SluiceOptions>()
+            .map_or(RUNTIME_FILTER_WAIT_MS, |o| o.runtime_filter_wait_ms);
+        let plan: Arc<dyn ExecutionPlan> = if installed.pending().is_empty() || wait == 0 {
+            plan
+        } else {
+            Arc::new(AwaitRuntimeFiltersExec::new(
+                plan,
+                installed.pending().to_vec(),
+                Duration::from_millis(wait),
+            ))
+        };
         (plan, Some(installed))
     };
     let streams = Arc::new(AttemptStreams::try_new(shared, &definition, &plan)?);

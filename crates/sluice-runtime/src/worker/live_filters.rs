@@ -17,7 +17,9 @@
 //!
 //! Invariants: a filter only ever drops probe rows whose key the whole build side lacks (the
 //! summary covers every row of the source), so whether and when it arrives changes the work, never
-//! the answer; a summary known before the task starts (with its definition, or published to this
+//! the answer (a task may wait for its filters before it reads, `plan::await_filters`: the
+//! filters it waits for are the ones put in place empty, which a publish always completes, with
+//! the predicate or, if that cannot be made, keeping every row); a summary known before the task starts (with its definition, or published to this
 //! worker already) goes in as a fixed predicate; install and publish take the board's one lock, so
 //! a summary arriving while a task installs its filter reaches it either way; a filter that cannot
 //! be put in place or take its predicate keeps every row (a warning says so), never fails the task.
@@ -78,10 +80,27 @@ struct Installed {
     expr: Arc<DynamicFilterPhysicalExpr>,
 }
 
+/// A plan with one filter put in place, and that filter if it was put in place empty and is
+/// waited for.
+type Placed = (
+    Arc<dyn ExecutionPlan>,
+    Option<Arc<DynamicFilterPhysicalExpr>>,
+);
+
 /// Takes an attempt's filters off the board when the attempt ends.
 pub(crate) struct InstalledFilters<'a> {
     filters: &'a LiveFilters,
     attempt: AttemptKey,
+    /// The filters put in place empty, complete once their summary arrived.
+    pending: Vec<Arc<DynamicFilterPhysicalExpr>>,
+}
+
+impl InstalledFilters<'_> {
+    /// The filters put in place before their summary was known (`plan::await_filters` waits for
+    /// them).
+    pub(crate) fn pending(&self) -> &[Arc<DynamicFilterPhysicalExpr>] {
+        &self.pending
+    }
 }
 
 impl Drop for InstalledFilters<'_> {
@@ -114,16 +133,20 @@ impl LiveFilters {
         filters: &[LiveRuntimeFilter],
         options: &ConfigOptions,
     ) -> (Arc<dyn ExecutionPlan>, InstalledFilters<'_>) {
-        let guard = InstalledFilters {
+        let mut guard = InstalledFilters {
             filters: self,
             attempt,
+            pending: Vec::new(),
         };
         // Deepest first: a filter put on top of a node does not move the nodes above it.
         let mut filters: Vec<&LiveRuntimeFilter> = filters.iter().collect();
         filters.sort_by_key(|f| std::cmp::Reverse(f.path.len()));
         for filter in filters {
             match self.install_one(attempt, Arc::clone(&plan), filter, options) {
-                Ok(filtered) => plan = filtered,
+                Ok((filtered, pending)) => {
+                    plan = filtered;
+                    guard.pending.extend(pending);
+                }
                 Err(e) => tracing::warn!(
                     target: "sluice::runtime_filter",
                     "{attempt} runs without runtime filter {}: {e}",
@@ -140,8 +163,9 @@ impl LiveFilters {
         plan: Arc<dyn ExecutionPlan>,
         filter: &LiveRuntimeFilter,
         options: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    ) -> Result<Placed> {
         let schema = node_at(&plan, &filter.path)?.schema();
+        let mut pending = None;
         let predicate = {
             let mut board = self.lock()?;
             let stage = board
@@ -163,13 +187,16 @@ impl LiveFilters {
                         schema,
                         expr: Arc::clone(&expr),
                     });
+                    if filter.wait {
+                        pending = Some(Arc::clone(&expr));
+                    }
                     expr as Arc<dyn PhysicalExpr>
                 }
             }
         };
         // Should this fail, the empty filter listed above stays on the board, unused, until the
         // attempt ends.
-        filter_at(plan, &filter.path, &predicate, options)
+        Ok((filter_at(plan, &filter.path, &predicate, options)?, pending))
     }
 
     /// Keeps `update`'s summary for the stage's later attempts on this worker and makes it the
@@ -200,12 +227,16 @@ impl LiveFilters {
                     installed.expr.mark_complete();
                     updated += 1;
                 }
-                Err(e) => tracing::warn!(
-                    target: "sluice::runtime_filter",
-                    "{} keeps reading every row past runtime filter {}: {e}",
-                    installed.attempt,
-                    update.filter
-                ),
+                Err(e) => {
+                    // Complete, keeping every row: nothing waits for it any longer.
+                    installed.expr.mark_complete();
+                    tracing::warn!(
+                        target: "sluice::runtime_filter",
+                        "{} keeps reading every row past runtime filter {}: {e}",
+                        installed.attempt,
+                        update.filter
+                    )
+                }
             }
         }
         Ok(updated)
@@ -239,6 +270,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use std::collections::BTreeMap;
+    use std::time::Duration;
 
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -278,13 +310,15 @@ mod tests {
         }
     }
 
-    /// Filter 0 on the key column, on top of the plan; `summary` as the definition carries it.
+    /// Filter 0 on the key column, on top of the plan, waited for; `summary` as the definition
+    /// carries it.
     fn on_top(summary: Option<bytes::Bytes>) -> Vec<LiveRuntimeFilter> {
         vec![LiveRuntimeFilter {
             filter: 0,
             path: Vec::new(),
             columns: vec![0],
             summary,
+            wait: true,
         }]
     }
 
@@ -347,13 +381,19 @@ mod tests {
     #[tokio::test]
     async fn a_summary_published_while_the_task_runs_filters_the_rows_it_reads_after() {
         let filters = LiveFilters::default();
-        let (plan, _installed) = filters.install(
+        let (plan, installed) = filters.install(
             attempt(2, 0),
             scan(3),
             &on_top(None),
             &ConfigOptions::default(),
         );
         assert_waits_for_its_summary(&plan);
+        // The task's wait (`plan::await_filters`) holds the filter put in place empty, open until
+        // its summary arrives.
+        let [pending] = installed.pending() else {
+            panic!("one pending filter: {:?}", installed.pending());
+        };
+        let pending = Arc::clone(pending);
         let mut stream = plan.execute(0, Arc::new(TaskContext::default())).unwrap();
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(
@@ -364,7 +404,11 @@ mod tests {
 
         // Another stage's update reaches nothing; this stage's reaches the running task.
         assert_eq!(filters.publish(&update(5, only_key(2))).unwrap(), 0);
+        let waited = tokio::time::timeout(Duration::from_millis(50), pending.wait_complete());
+        assert!(waited.await.is_err(), "not complete before its update");
         assert_eq!(filters.publish(&update(2, only_key(2))).unwrap(), 1);
+        let waited = tokio::time::timeout(Duration::from_millis(50), pending.wait_complete());
+        assert!(waited.await.is_ok(), "complete once updated");
         let rest: Vec<RecordBatch> = stream.map(|b| b.unwrap()).collect().await;
         assert_eq!(
             counts(&rest),
@@ -377,13 +421,24 @@ mod tests {
     async fn a_summary_known_before_the_task_starts_goes_in_as_a_fixed_predicate() {
         // With the definition.
         let filters = LiveFilters::default();
-        let (plan, _installed) = filters.install(
+        let (plan, installed) = filters.install(
             attempt(2, 0),
             scan(2),
             &on_top(Some(only_key(3))),
             &ConfigOptions::default(),
         );
         assert!(!text(&plan).contains("DynamicFilter"), "{}", text(&plan));
+        assert!(installed.pending().is_empty(), "nothing to wait for");
+        // A filter not waited for (its target reads its source) is put in place empty, and the
+        // task starts at once.
+        let unwaited = vec![LiveRuntimeFilter {
+            wait: false,
+            ..on_top(None).remove(0)
+        }];
+        let (empty, unwaited) =
+            filters.install(attempt(3, 0), scan(2), &unwaited, &ConfigOptions::default());
+        assert_waits_for_its_summary(&empty);
+        assert!(unwaited.pending().is_empty(), "nothing to wait for");
         assert_eq!(run(plan).await, BTreeMap::from([(3, 2 * per_batch(3))]));
 
         // Published to the worker before a later attempt of the stage starts there.
@@ -482,6 +537,7 @@ mod tests {
             path: Vec::new(),
             columns: vec![1],
             summary: None,
+            wait: false,
         }];
         let (plan, _installed) =
             filters.install(attempt(2, 0), plan, &on_k, ctx.state().config().options());

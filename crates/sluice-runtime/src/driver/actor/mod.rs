@@ -405,6 +405,21 @@ impl DriverActor {
                     failures,
                     next_attempt,
                 } => {
+                    if let Some(entry) = self.jobs.get_mut(&job) {
+                        let withdrawn =
+                            crate::driver::runtime_filters::withdraw_for_retry(entry, region);
+                        for note in withdrawn {
+                            tracing::debug!(
+                                target: "sluice::runtime_filter",
+                                job = job.0,
+                                stage = note.target.0,
+                                "stage {}: {}",
+                                note.target,
+                                note.text
+                            );
+                            entry.stage_notes.push(note);
+                        }
+                    }
                     let place = self.place_of(job, failed);
                     self.record(Transition::RegionRetried {
                         job,
