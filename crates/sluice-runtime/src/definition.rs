@@ -140,9 +140,9 @@ pub struct LiveRuntimeFilter {
     /// defined the attempt.
     pub summary: Option<bytes::Bytes>,
     /// Whether the attempt waits for the summary before it starts reading (at most
-    /// `sluice.runtime_filter_wait_ms`): only where the source can finish without the target
-    /// reading anything, that is when the target is not the join's own stage, which reads the
-    /// source (see `plan::await_filters`).
+    /// `sluice.runtime_filter_wait_ms`, see `plan::await_filters`): only while the driver has not
+    /// settled the filter yet, and where the source can finish without the target reading
+    /// anything: the target is neither the join's own stage nor a reader of the source.
     pub wait: bool,
 }
 

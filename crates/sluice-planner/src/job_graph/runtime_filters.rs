@@ -23,9 +23,11 @@
 //!                                                   filter goes on top of stage 3's plan: o IN (57 keys)
 //! ```
 //!
-//! With pipelined exchanges every stage of a job runs at once, so nothing waits: the target's
-//! tasks start with an empty filter in place, and the driver sends the predicate to them once the
-//! source finished ([`FilterDelivery::WhileRunning`]); it drops what they have not read yet. Such
+//! With pipelined exchanges every stage of a job runs at once, so the topology adds no wait: the
+//! target's tasks start with an empty filter in place, and the driver sends the predicate to them
+//! once the source finished ([`FilterDelivery::WhileRunning`]); it drops what they have not read
+//! yet (a target task that does not read the source holds back its reading until the filter
+//! arrives, for at most `sluice.runtime_filter_wait_ms`: the runtime's `plan::await_filters`). Such
 //! a filter is only planned where it reaches a scan or a producer's output before its shuffle
 //! (the probe rows a join's own stage reads were shuffled already).
 //!
@@ -85,7 +87,7 @@ pub struct RuntimeFilter {
 
 /// When a runtime filter reaches its target: before the target starts (its source is `Blocking`,
 /// so the target can wait for it), or while the target runs (a `Pipelined` source runs alongside
-/// its target, which cannot wait for it).
+/// its target, whose regions cannot wait for it; its tasks may hold back their reading).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FilterDelivery {
     /// The target waits for the source, and every task of it runs the filtered plan.

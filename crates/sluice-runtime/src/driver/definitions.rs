@@ -157,7 +157,10 @@ fn live_filters(entry: &JobEntry, stage: StageId) -> Vec<LiveRuntimeFilter> {
             path: f.target_path.clone(),
             columns: f.target_columns.clone(),
             summary: entry.live_filters.get(&index).cloned().flatten(),
-            wait: f.target != f.join_stage && !reads(entry, f.target, f.source),
+            // Settled (sent, or none could be built): nothing to wait for.
+            wait: !entry.live_filters.contains_key(&index)
+                && f.target != f.join_stage
+                && !reads(entry, f.target, f.source),
         })
         .collect()
 }

@@ -194,7 +194,8 @@ fn filter_waiting_targets(entry: &mut JobEntry, finished: StageId) -> Vec<StageN
     notes
 }
 
-/// Withdraws every live filter whose source and target both run again in the retried `region`
+/// Withdraws every live filter sent (or settled) whose source and target both run again in the
+/// retried `region`
 /// (a pipelined region is its whole job): the target's new attempts read every row, so the
 /// source's new run may see other keys than the first (upstream filters arrive at other times) and
 /// is not checked against the summary sent from the first. A filter whose target does not run
@@ -207,7 +208,9 @@ pub(super) fn withdraw_for_retry(entry: &mut JobEntry, region: RegionId) -> Vec<
     let graph = Arc::clone(&entry.graph);
     let mut notes = Vec::new();
     for (index, filter) in graph.runtime_filters().iter().enumerate() {
+        // One not sent yet carries no summary of the first run: it is sent from the new one.
         if filter.delivery != FilterDelivery::WhileRunning
+            || !entry.live_filters.contains_key(&index)
             || !stages.contains(&filter.source)
             || !stages.contains(&filter.target)
             || !entry.withdrawn_filters.insert(index)

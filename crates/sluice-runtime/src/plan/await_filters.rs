@@ -1,6 +1,6 @@
 //! `AwaitRuntimeFiltersExec`: holds back a pipelined task whose runtime filters have not arrived
 //! (`worker::live_filters`), so that its scans read with them in place, as a blocking task would;
-//! it starts its input once every filter is complete or after `sluice.runtime_filter_wait`,
+//! it starts its input once every filter is complete or after `sluice.runtime_filter_wait_ms`,
 //! whichever comes first.
 //!
 //! ```text

@@ -18,8 +18,9 @@
 //! Invariants: a filter only ever drops probe rows whose key the whole build side lacks (the
 //! summary covers every row of the source), so whether and when it arrives changes the work, never
 //! the answer (a task may wait for its filters before it reads, `plan::await_filters`: the
-//! filters it waits for are the ones put in place empty, which a publish always completes, with
-//! the predicate or, if that cannot be made, keeping every row); a summary known before the task starts (with its definition, or published to this
+//! filters it waits for are the ones put in place empty, which a publish completes, with the
+//! predicate or, if that cannot be made or decoded, keeping every row; one never published costs
+//! the wait); a summary known before the task starts (with its definition, or published to this
 //! worker already) goes in as a fixed predicate; install and publish take the board's one lock, so
 //! a summary arriving while a task installs its filter reaches it either way; a filter that cannot
 //! be put in place or take its predicate keeps every row (a warning says so), never fails the task.
@@ -202,12 +203,23 @@ impl LiveFilters {
     /// Keeps `update`'s summary for the stage's later attempts on this worker and makes it the
     /// predicate of every filter its running attempts wait with; answers how many.
     pub(crate) fn publish(&self, update: &RuntimeFilterUpdate) -> Result<usize> {
-        let summary = KeySummary::decode(&update.summary).map_err(|e| {
-            e.context(format!(
-                "the key summary of runtime filter {} for job {} stage {}",
-                update.filter, update.job, update.stage
-            ))
-        })?;
+        let summary = match KeySummary::decode(&update.summary) {
+            Ok(summary) => summary,
+            Err(e) => {
+                // Its waiting tasks go on, keeping every row.
+                if let Ok(board) = self.lock()
+                    && let Some(stage) = board.stages.get(&(update.job, update.stage))
+                {
+                    for installed in stage.installed.iter().filter(|i| i.filter == update.filter) {
+                        installed.expr.mark_complete();
+                    }
+                }
+                return Err(e.context(format!(
+                    "the key summary of runtime filter {} for job {} stage {}",
+                    update.filter, update.job, update.stage
+                )));
+            }
+        };
         let mut board = self.lock()?;
         if board.forgotten.contains(&update.job) {
             return Ok(0);
@@ -589,5 +601,32 @@ mod tests {
         );
         let board = filters.lock().unwrap();
         assert!(board.stages.is_empty(), "{board:?}");
+    }
+
+    #[tokio::test]
+    async fn a_summary_that_does_not_decode_lets_its_waiting_task_read_every_row() {
+        let filters = LiveFilters::default();
+        let (plan, installed) = filters.install(
+            attempt(2, 0),
+            scan(2),
+            &on_top(None),
+            &ConfigOptions::default(),
+        );
+        let [pending] = installed.pending() else {
+            panic!("one pending filter: {:?}", installed.pending());
+        };
+        let pending = Arc::clone(pending);
+        let bad = update(2, bytes::Bytes::from_static(b"not a summary"));
+        assert!(filters.publish(&bad).is_err());
+        let waited = tokio::time::timeout(Duration::from_millis(50), pending.wait_complete());
+        assert!(waited.await.is_ok(), "complete: its task goes on");
+        assert_eq!(
+            run(plan).await,
+            BTreeMap::from([
+                (1, 2 * per_batch(1)),
+                (2, 2 * per_batch(2)),
+                (3, 2 * per_batch(3))
+            ])
+        );
     }
 }
