@@ -226,21 +226,17 @@ pub(super) fn withdraw_for_retry(entry: &mut JobEntry, region: RegionId) -> Vec<
             ),
         });
     }
-    let withdrawn_sources: BTreeSet<StageId> = graph
-        .runtime_filters()
-        .iter()
-        .map(|f| f.source)
-        .filter(|source| {
-            graph
-                .runtime_filters()
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| f.source == *source)
-                .all(|(index, _)| entry.withdrawn_filters.contains(&index))
-        })
-        .collect();
-    for source in withdrawn_sources {
-        entry.applied_summaries.remove(&source);
+    // A source none of whose filters is still in force is no longer checked.
+    let (mut withdrawn, mut kept) = (BTreeSet::new(), BTreeSet::new());
+    for (index, filter) in graph.runtime_filters().iter().enumerate() {
+        if entry.withdrawn_filters.contains(&index) {
+            withdrawn.insert(filter.source);
+        } else {
+            kept.insert(filter.source);
+        }
+    }
+    for source in withdrawn.difference(&kept) {
+        entry.applied_summaries.remove(source);
     }
     notes
 }

@@ -144,6 +144,7 @@ mod tests {
 
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::common::runtime::SpawnedTask;
     use datafusion::physical_expr::expressions::{Column, lit};
     use datafusion::physical_plan::test::TestMemoryExec;
 
@@ -235,14 +236,14 @@ mod tests {
         let (first, second) = (empty_filter(), empty_filter());
         let (exec, executed) = waiting(vec![Arc::clone(&first), Arc::clone(&second)]);
         let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
-        let reader = tokio::spawn(rows(stream));
+        let reader = SpawnedTask::spawn(rows(stream));
         tokio::time::sleep(Duration::from_millis(300)).await;
         first.mark_complete();
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(executed.load(Ordering::SeqCst), 0, "one filter still open");
         let start = tokio::time::Instant::now();
         second.mark_complete();
-        assert_eq!(reader.await.unwrap(), 5);
+        assert_eq!(reader.join().await.unwrap(), 5);
         assert_eq!(executed.load(Ordering::SeqCst), 1);
         assert_eq!(
             start.elapsed(),
