@@ -1,21 +1,25 @@
 //! The job scheduler: a pure state machine over jobs, task regions and task attempts. Events go in
 //! (a job accepted, a task status report, a task that could not be started, a cancellation, output
-//! about to reach the caller), actions come out (run a region, stop tasks, discard a replaced
-//! attempt's output, extend the job output, finish the job, clean up). It performs no IO and owns no
-//! clock, so every transition is unit-tested; the driver actor is a thin shell that performs the
-//! actions.
+//! about to reach the caller, output read to its end or found unreadable), actions come out (run a
+//! region, stop tasks, discard a replaced attempt's output, extend the job output, finish the job,
+//! clean up). It performs no IO and owns no clock, so every transition is unit-tested; the driver
+//! actor is a thin shell that performs the actions.
 //!
 //! ```text
 //!  accept_job ──► RunRegion(regions without dependencies, attempt 0)
-//!  status(task, attempt, seq, Running)   ──► ExtendOutput (final-stage tasks)
-//!  status(.., Succeeded) ──► region done? ──► RunRegion(newly ready) │ JobSucceeded + CleanUpJob
+//!  status(task, attempt, seq, Running | Succeeded) ──► ExtendOutput (final-stage tasks)
+//!  status(.., Succeeded) ──► region done? ──► RunRegion(newly ready)
+//!                            every region done and every final output read? ──► JobSucceeded + CleanUpJob
 //!  status(.., Failed(error)) ──► retryable, failures left:
 //!                                   StopTasks(rest of region) + DiscardOutputs(region's attempt)
 //!                                   + RegionRetried + RunRegion(next attempt)
 //!                              └► otherwise StopTasks(job) + JobFailed(root cause) + CleanUpJob
 //!  outputs_lost(tasks) (their worker is gone) ──► every succeeded region holding one of them whose
-//!      output a region still needs runs again (lineage), and the regions reading it wait for it:
+//!      output a region still needs, or the job output has not read yet, runs again (lineage), and
+//!      the regions reading it wait for it:
 //!      StopTasks + DiscardOutputs(readers) + RegionRerun + RunRegion(producers whose inputs exist)
+//!  output_read(final attempt) ──► every final output read and every region done? ──► JobSucceeded
+//!  output_unreadable(final attempt, error) ──► its region runs again (charged), as a failure would
 //! ```
 //!
 //! Invariants:
@@ -37,10 +41,13 @@
 //!   (its front end has a cheaper plan to run instead: `joins = auto`'s sort-merge fallback);
 //! - the job fails with the first real failure, never with the cancellations it caused;
 //! - once every final-stage task has succeeded, the job's answer is complete (each read its inputs
-//!   to their end markers): a later failure or loss of another task stops what still runs and
-//!   the job succeeds, never retrying a region whose work (or write) is already delivered;
-//! - a region whose output already reached the caller is retried like any other: the job output
-//!   skips what the caller already has and proves that the retry reproduced it (`driver::output`);
+//!   to their end markers): a later failure or loss of another task stops what still runs, never
+//!   retrying a region whose work (or write) is already delivered;
+//! - the job succeeds only once the job output read every final task's current attempt to its end:
+//!   until then the job is kept, so a final output lost with its worker, or that cannot be read,
+//!   makes its region run again instead of failing the job (the job output skips what the caller
+//!   already has and proves that the retry reproduced it, `driver::output`);
+//! - a region whose output already reached the caller is retried like any other (same proof);
 //! - job ids come from here, one sequence per driver; a finished job (succeeded, failed or cancelled)
 //!   is forgotten, so scheduler state does not grow.
 
@@ -174,14 +181,16 @@ pub enum SchedulerAction {
         /// The regions that wait for them again (they were running or will run).
         readers: Vec<RegionId>,
     },
-    /// Add a final-stage task attempt's output streams to the job output.
+    /// Add a final-stage task attempt's output streams to the job output (said at its `Running`
+    /// report and again at its success; the shell adds an attempt once).
     ExtendOutput {
         /// The job.
         job: JobId,
         /// The attempt whose streams to read.
         task: TaskAttempt,
     },
-    /// Every task succeeded: end the job output stream.
+    /// Every region succeeded and the job output read every final task's output: end the job
+    /// output stream.
     JobSucceeded {
         /// The job.
         job: JobId,
@@ -238,6 +247,15 @@ struct Job {
     unfinished: Vec<usize>,
     /// Regions that have succeeded (kept by `set_region`).
     succeeded_regions: usize,
+    /// Final-stage tasks whose output the job output read to its end, with the attempt read (it
+    /// counts only while it is its region's current attempt).
+    read: HashMap<TaskId, usize>,
+    /// Final-stage tasks still running whose output the job output could not read: the attempt
+    /// and why. Its success runs its region again instead.
+    unreadable: HashMap<TaskId, (usize, RemoteError)>,
+    /// Succeeded regions whose outputs were lost when nothing needed them: a later re-run of a
+    /// region reading them makes them again first.
+    gone: BTreeSet<RegionId>,
 }
 
 impl Job {
@@ -254,6 +272,9 @@ impl Job {
             sequences: HashMap::new(),
             failures: HashMap::new(),
             met: HashMap::new(),
+            read: HashMap::new(),
+            unreadable: HashMap::new(),
+            gone: BTreeSet::new(),
         }
     }
 
@@ -330,21 +351,32 @@ impl Job {
     /// ended only after reading every input to its end marker (or not needing the rest), so the
     /// job's answer is complete whatever the other tasks still do.
     fn final_stage_complete(&self) -> bool {
-        let final_stage = self.graph.final_stage();
-        let Some(stage) = self.graph.stage(final_stage) else {
-            return false;
-        };
-        (0..stage.partitions()).all(|partition| {
-            let task = TaskId {
-                stage: final_stage,
-                partition,
-            };
-            match self.region_of(task).and_then(|r| self.regions.get(r.0)) {
-                Some(RegionState::Succeeded { .. }) => true,
-                Some(RegionState::Running { remaining, .. }) => !remaining.contains(&task),
-                _ => false,
-            }
-        })
+        self.graph.stage(self.graph.final_stage()).is_some()
+            && self.final_tasks().all(|task| {
+                match self.region_of(task).and_then(|r| self.regions.get(r.0)) {
+                    Some(RegionState::Succeeded { .. }) => true,
+                    Some(RegionState::Running { remaining, .. }) => !remaining.contains(&task),
+                    _ => false,
+                }
+            })
+    }
+
+    /// The tasks of the final stage.
+    fn final_tasks(&self) -> impl Iterator<Item = TaskId> + '_ {
+        let stage = self.graph.final_stage();
+        let partitions = self.graph.stage(stage).map_or(0, |s| s.partitions());
+        (0..partitions).map(move |partition| TaskId { stage, partition })
+    }
+
+    /// Whether the job output read `task`'s output from its region's current attempt.
+    fn output_was_read(&self, task: TaskId) -> bool {
+        let current = self.region_of(task).and_then(|r| self.current_attempt(r));
+        current.is_some() && self.read.get(&task).copied() == current
+    }
+
+    /// Whether the job is done: every region succeeded and every final output was read.
+    fn is_done(&self) -> bool {
+        self.all_succeeded() && self.final_tasks().all(|task| self.output_was_read(task))
     }
 
     fn running_attempts(&self) -> Vec<TaskAttempt> {
@@ -425,8 +457,9 @@ impl JobScheduler {
     }
 
     /// The outputs of `tasks` (their latest succeeded attempts) were lost with their worker. Every
-    /// succeeded region holding one of them whose output some region still needs runs again, and
-    /// the regions that read it (running, or about to) wait for it; the losses are not charged.
+    /// succeeded region holding one of them whose output some region still needs, or the job
+    /// output has not read yet, runs again, and the regions that read it (running, or about to)
+    /// wait for it; the losses are not charged.
     pub fn outputs_lost(&mut self, job: JobId, tasks: &[TaskId]) -> Vec<SchedulerAction> {
         let Some(state) = self.jobs.get_mut(&job) else {
             return Vec::new();
@@ -439,9 +472,42 @@ impl JobScheduler {
             .filter_map(|task| state.region_of(*task))
             .filter(|region| matches!(state.regions[region.0], RegionState::Succeeded { .. }))
             .collect();
-        // Producers to make again: lost ones a region still needs (one that has not succeeded), and
-        // transitively the regions those re-runs read from when their outputs went too.
+        lost.extend(
+            state
+                .gone
+                .iter()
+                .filter(|region| matches!(state.regions[region.0], RegionState::Succeeded { .. })),
+        );
+        // Final outputs the job output has not read: a succeeded region holding one is made
+        // again; a running one (its other tasks still run) is retried below.
         let mut producers = BTreeSet::new();
+        let mut unread_running = Vec::new();
+        for task in tasks.iter().filter(|t| t.stage == graph.final_stage()) {
+            let Some(region) = state.region_of(*task) else {
+                continue;
+            };
+            if state.output_was_read(*task) {
+                continue;
+            }
+            match &state.regions[region.0] {
+                RegionState::Succeeded { .. } => {
+                    producers.insert(region);
+                }
+                RegionState::Running { attempt, remaining } if !remaining.contains(task) => {
+                    unread_running.push((
+                        region,
+                        TaskAttempt {
+                            task: *task,
+                            attempt: *attempt,
+                        },
+                    ));
+                }
+                _ => {}
+            }
+        }
+        // Producers to make again: lost ones a region still needs (one that has not succeeded, or
+        // is made again), and transitively the regions those re-runs read from when their outputs
+        // went too.
         loop {
             let needed: Vec<RegionId> = lost
                 .iter()
@@ -459,10 +525,35 @@ impl JobScheduler {
             }
             producers.extend(needed);
         }
-        lost.retain(|region| producers.contains(region));
-        if producers.is_empty() {
-            return Vec::new();
+        lost.retain(|region| !producers.contains(region));
+        state.gone = lost;
+        let mut actions = Vec::new();
+        if !producers.is_empty() {
+            actions.extend(self.rerun_producers(job, producers));
         }
+        for (region, attempt) in unread_running {
+            let error = RemoteError::new(
+                ErrorKind::Transport,
+                "its output was lost with its worker before the job output read it",
+            );
+            actions.extend(self.retry_or_fail(job, region, attempt, error, false));
+        }
+        actions
+    }
+
+    /// Makes `producers` (succeeded regions whose outputs were lost) again: the regions reading
+    /// them go back to waiting, stopping and discarding what they ran.
+    fn rerun_producers(
+        &mut self,
+        job: JobId,
+        producers: BTreeSet<RegionId>,
+    ) -> Vec<SchedulerAction> {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        let graph = Arc::clone(&state.graph);
+        let topology = graph.topology();
+        let dependents = |region: RegionId| topology.readers(region);
         let mut actions = Vec::new();
         // Readers: regions depending on a re-run producer that are running now go back to waiting.
         let mut readers = Vec::new();
@@ -582,7 +673,12 @@ impl JobScheduler {
                 vec![SchedulerAction::ExtendOutput { job, task: attempt }]
             }
             TaskStatus::Running => Vec::new(),
-            TaskStatus::Succeeded => self.task_succeeded(job, region, attempt.task),
+            TaskStatus::Succeeded if attempt.task.stage == final_stage => {
+                let mut actions = vec![SchedulerAction::ExtendOutput { job, task: attempt }];
+                actions.extend(self.task_succeeded(job, region, attempt));
+                actions
+            }
+            TaskStatus::Succeeded => self.task_succeeded(job, region, attempt),
             TaskStatus::Failed(error) => self.region_failed(job, region, attempt, error, true),
             // Only stops the scheduler asked for produce an expected Canceled; any other means the
             // worker gave the task up (it is shutting down): another attempt may run elsewhere.
@@ -645,37 +741,143 @@ impl JobScheduler {
         self.region_failed(job, region, attempt, error, charge)
     }
 
-    fn task_succeeded(
+    /// The job output read every stream of `attempt` (a final-stage task's) to its end. Once every
+    /// final task's current attempt was read and every region succeeded, the job succeeds.
+    pub fn output_read(&mut self, job: JobId, attempt: TaskAttempt) -> Vec<SchedulerAction> {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        let current = state
+            .region_of(attempt.task)
+            .and_then(|region| state.current_attempt(region));
+        if attempt.task.stage != state.graph.final_stage() || current != Some(attempt.attempt) {
+            return Vec::new();
+        }
+        state.read.insert(attempt.task, attempt.attempt);
+        self.finish_if_done(job)
+    }
+
+    /// The job output could not read `attempt`'s output (a final-stage task's) to its end: once
+    /// the attempt succeeded (now, or when it does), its region runs again, charged as a failure
+    /// with `error`, instead of the job ending without rows it should have.
+    pub fn output_unreadable(
         &mut self,
         job: JobId,
-        region: RegionId,
-        task: TaskId,
+        attempt: TaskAttempt,
+        error: RemoteError,
     ) -> Vec<SchedulerAction> {
         let Some(state) = self.jobs.get_mut(&job) else {
             return Vec::new();
         };
+        let Some(region) = state.region_of(attempt.task) else {
+            return Vec::new();
+        };
+        if attempt.task.stage != state.graph.final_stage()
+            || state.current_attempt(region) != Some(attempt.attempt)
+            || state.output_was_read(attempt.task)
+        {
+            return Vec::new();
+        }
+        match &state.regions[region.0] {
+            // Its own report may still explain the broken stream (it failed): wait for it.
+            RegionState::Running { remaining, .. } if remaining.contains(&attempt.task) => {
+                state
+                    .unreadable
+                    .insert(attempt.task, (attempt.attempt, error));
+                Vec::new()
+            }
+            RegionState::Waiting => Vec::new(),
+            _ => self.retry_or_fail(job, region, attempt, error, true),
+        }
+    }
+
+    fn task_succeeded(
+        &mut self,
+        job: JobId,
+        region: RegionId,
+        attempt: TaskAttempt,
+    ) -> Vec<SchedulerAction> {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        if let Some((broken, error)) = state.unreadable.remove(&attempt.task)
+            && broken == attempt.attempt
+        {
+            return self.retry_or_fail(job, region, attempt, error, true);
+        }
         let done = match &mut state.regions[region.0] {
-            RegionState::Running { remaining, attempt } => {
-                remaining.remove(&task);
-                remaining.is_empty().then_some(*attempt)
+            RegionState::Running {
+                remaining,
+                attempt: current,
+            } => {
+                remaining.remove(&attempt.task);
+                remaining.is_empty().then_some(*current)
             }
             _ => None,
         };
-        let Some(attempt) = done else {
+        let Some(current) = done else {
             return Vec::new();
         };
-        state.set_region(region, RegionState::Succeeded { attempt });
+        state.set_region(region, RegionState::Succeeded { attempt: current });
         if state.all_succeeded() {
-            self.jobs.remove(&job);
-            return vec![
-                SchedulerAction::JobSucceeded { job },
-                SchedulerAction::CleanUpJob { job },
-            ];
+            return self.finish_if_done(job);
         }
         self.start_readers(job, region)
     }
 
+    /// Ends the job as succeeded if it is done (see [`Job::is_done`]).
+    fn finish_if_done(&mut self, job: JobId) -> Vec<SchedulerAction> {
+        if !self.jobs.get(&job).is_some_and(Job::is_done) {
+            return Vec::new();
+        }
+        self.jobs.remove(&job);
+        vec![
+            SchedulerAction::JobSucceeded { job },
+            SchedulerAction::CleanUpJob { job },
+        ]
+    }
+
     fn region_failed(
+        &mut self,
+        job: JobId,
+        region: RegionId,
+        failed: TaskAttempt,
+        error: RemoteError,
+        charge: bool,
+    ) -> Vec<SchedulerAction> {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return Vec::new();
+        };
+        if !matches!(state.regions[region.0], RegionState::Running { .. }) {
+            return Vec::new();
+        }
+        if state.final_stage_complete() {
+            // The answer is complete: running the region again could only repeat work already
+            // delivered (and a write's side effects). What still runs is stopped, and its region
+            // counts as done (its final tasks succeeded; the rest was not needed).
+            let mut running = state.running_attempts();
+            running.retain(|t| *t != failed);
+            for index in 0..state.regions.len() {
+                if let RegionState::Running { attempt, .. } = state.regions[index] {
+                    state.set_region(RegionId(index), RegionState::Succeeded { attempt });
+                }
+            }
+            let mut actions = Vec::new();
+            if !running.is_empty() {
+                actions.push(SchedulerAction::StopTasks {
+                    job,
+                    tasks: running,
+                });
+            }
+            actions.extend(self.finish_if_done(job));
+            return actions;
+        }
+        self.retry_or_fail(job, region, failed, error, charge)
+    }
+
+    /// `failed` (an attempt of `region`, running or succeeded) failed with `error`: the region
+    /// runs again if the error is retryable and failures are left, else the job fails.
+    fn retry_or_fail(
         &mut self,
         job: JobId,
         region: RegionId,
@@ -687,35 +889,21 @@ impl JobScheduler {
         let Some(state) = self.jobs.get_mut(&job) else {
             return Vec::new();
         };
-        let RegionState::Running { attempt, remaining } = &state.regions[region.0] else {
-            return Vec::new();
+        let (attempt, others): (usize, Vec<TaskAttempt>) = match &state.regions[region.0] {
+            RegionState::Running { attempt, remaining } => (
+                *attempt,
+                remaining
+                    .iter()
+                    .filter(|t| **t != failed.task)
+                    .map(|task| TaskAttempt {
+                        task: *task,
+                        attempt: *attempt,
+                    })
+                    .collect(),
+            ),
+            RegionState::Succeeded { attempt } => (*attempt, Vec::new()),
+            RegionState::Waiting => return Vec::new(),
         };
-        if state.final_stage_complete() {
-            // The answer is complete: running the region again could only repeat work already
-            // delivered (and a write's side effects). What still runs is stopped.
-            let mut running = state.running_attempts();
-            running.retain(|t| *t != failed);
-            self.jobs.remove(&job);
-            let mut actions = Vec::new();
-            if !running.is_empty() {
-                actions.push(SchedulerAction::StopTasks {
-                    job,
-                    tasks: running,
-                });
-            }
-            actions.push(SchedulerAction::JobSucceeded { job });
-            actions.push(SchedulerAction::CleanUpJob { job });
-            return actions;
-        }
-        let attempt = *attempt;
-        let others: Vec<TaskAttempt> = remaining
-            .iter()
-            .filter(|t| **t != failed.task)
-            .map(|task| TaskAttempt {
-                task: *task,
-                attempt,
-            })
-            .collect();
         let failures = state.failures.entry(region).or_insert(0);
         if charge {
             *failures += 1;

@@ -19,20 +19,6 @@ use super::placement::Location;
 use crate::analyze::TaskMetrics;
 use crate::definition::StagePlan;
 
-/// Where a job stands after the scheduler is done with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum JobPhase {
-    /// Tasks are running or waiting.
-    Running,
-    /// Every task succeeded; the output may still be being read.
-    Succeeded {
-        /// The output was read to its end.
-        output_done: bool,
-        /// Cleanup waits until the output was read.
-        cleanup_pending: bool,
-    },
-}
-
 /// The shell's state of one job; see the module docs.
 pub(super) struct JobEntry {
     pub graph: Arc<JobGraph>,
@@ -60,7 +46,6 @@ pub(super) struct JobEntry {
     /// Regions run again because their outputs were lost (lineage).
     pub reruns: usize,
     pub output: mpsc::UnboundedSender<OutputCommand>,
-    pub phase: JobPhase,
     /// Who asked for the job (from its session config), for progress reports.
     pub label: Option<Arc<super::JobLabel>>,
     /// What the REST API and system tables tell about it.
@@ -124,7 +109,6 @@ impl JobEntry {
             retries: 0,
             reruns: 0,
             output,
-            phase: JobPhase::Running,
             label,
             attempts: super::attempts::AttemptLog::new(job, record.label.as_deref()),
             filtered_stages: std::collections::BTreeSet::new(),

@@ -5,7 +5,7 @@
 //! ```text
 //!   Driver::execute ─ Submit / Cancel ───────────────┐
 //!   Driver::register_worker / heartbeat / report ────┼─► events ─► actor (one task, all state)
-//!   job output forwarder ─ ApproveOutput / OutputDone┘        │
+//!   job output forwarder ─ ApproveOutput / OutputRead┘        │
 //!                            JobScheduler (pure) ◄── events ──┤
 //!                            actions ─► WorkerClient: RunTask / StopTask / ReleaseOutput /
 //!                                       CleanUpJob; output commands
@@ -292,7 +292,17 @@ pub(crate) enum DriverEvent {
         attempt: TaskAttempt,
         reply: oneshot::Sender<bool>,
     },
-    OutputDone(JobId),
+    /// The job output read every stream of a final-stage attempt to its end.
+    OutputRead {
+        job: JobId,
+        attempt: TaskAttempt,
+    },
+    /// The job output could not read a final-stage attempt's output.
+    OutputUnreadable {
+        job: JobId,
+        attempt: TaskAttempt,
+        error: DataFusionError,
+    },
     RunTaskFailed {
         job: JobId,
         attempt: TaskAttempt,

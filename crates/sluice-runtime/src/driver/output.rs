@@ -3,10 +3,11 @@
 //!
 //! ```text
 //!   actor ── Add(attempt, address, streams) ──► forwarder ── StreamFetcher ──► worker stores
-//!         ── Finish(Ok(final attempts) | Err) ─►    │ first non-empty batch of an attempt:
-//!                                                   │   ApproveOutput ─► actor (scheduler)
-//!                                                   ▼
-//!                                            caller's record-batch stream
+//!         ── Finish(Ok(reports) | Err) ───────►    │ first non-empty batch of an attempt:
+//!                                                  │   ApproveOutput ─► actor (scheduler)
+//!         ◄── OutputRead / OutputUnreadable ───────┤ every stream of an attempt ended / broke
+//!                                                  ▼
+//!                                           caller's record-batch stream
 //! ```
 //!
 //! Exactly-once policy: a batch reaches the caller only from a task attempt the scheduler approves
@@ -14,14 +15,13 @@
 //! of it the caller does not have yet: when a region is retried after its final-stage tasks
 //! delivered rows, each retried stream skips the rows already delivered and proves it may
 //! (`resume`: an order-sensitive checksum of the skipped prefix), or the job fails saying the
-//! result is not deterministic. Once an attempt of a task is read, older attempts of that task
-//! deliver nothing more. The stream ends only after the scheduler reported success and every
-//! stream of the final attempts ended (each having reproduced its delivered prefix); a read error
-//! of a final attempt, or a batch of one that was refused, fails the job then (a replaced
-//! attempt's read errors do not matter). The actor announces every final task's succeeded attempt
-//! before it says the job ended, so the output never ends without reading one. For
-//! `EXPLAIN ANALYZE`, one more batch follows: a row per earlier stage (`crate::analyze`). Dropping
-//! the stream cancels the job.
+//! result is not deterministic. Once an attempt of a task is read, older attempts deliver nothing
+//! more. The forwarder tells the actor when every stream of an attempt ended (each having
+//! reproduced its delivered prefix), and when one broke: the scheduler ends the job only once it
+//! read every final task's current attempt, and runs a region again whose final output could not
+//! be read (its worker died after the task succeeded), so the stream ends only after the
+//! scheduler said the job succeeded, with every row. For `EXPLAIN ANALYZE`, one more batch
+//! follows: a row per earlier stage (`crate::analyze`). Dropping the stream cancels the job.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -41,14 +41,6 @@ use super::{DriverEvent, Submission, driver_gone};
 use crate::analyze::{StageReport, report_batch};
 use crate::transport::StreamFetcher;
 
-/// How a job ended, as the output needs to know it.
-pub(crate) struct FinishedJob {
-    /// The rows `EXPLAIN ANALYZE` adds for the earlier stages.
-    pub reports: Vec<StageReport>,
-    /// The succeeded attempt of every final-stage task.
-    pub attempts: HashMap<TaskId, usize>,
-}
-
 /// What the actor tells a job's output.
 pub(crate) enum OutputCommand {
     /// Read these streams of a final-stage task attempt, at `address`.
@@ -57,8 +49,9 @@ pub(crate) enum OutputCommand {
         address: String,
         streams: Vec<StreamId>,
     },
-    /// The job ended.
-    Finish(Result<FinishedJob>),
+    /// The job ended (when it succeeded: with the rows `EXPLAIN ANALYZE` adds for the earlier
+    /// stages).
+    Finish(Result<Vec<StageReport>>),
 }
 
 /// Submits `graph` on first poll and returns its output stream.
@@ -140,55 +133,24 @@ type Tagged = (TaskAttempt, usize, Option<Result<RecordBatch>>);
 /// What the forwarder knows about the attempts it reads.
 #[derive(Default)]
 struct Reads {
+    /// Streams of each attempt still open.
     open: HashMap<TaskAttempt, usize>,
     /// Channels of each attempt whose stream ended.
     ended: HashMap<TaskAttempt, Vec<usize>>,
     approved: HashSet<TaskAttempt>,
     rejected: HashSet<TaskAttempt>,
-    errors: HashMap<TaskAttempt, DataFusionError>,
+    /// Attempts one of whose streams broke (told to the actor once).
+    broken: HashSet<TaskAttempt>,
     /// The newest attempt of each task being read; older ones deliver nothing more.
     newest: HashMap<TaskId, usize>,
     delivered: DeliveredRows,
 }
 
 impl Reads {
-    /// Whether every stream of the final attempts has ended.
-    fn final_streams_ended(&self, finished: &FinishedJob) -> bool {
-        finished.attempts.iter().all(|(task, attempt)| {
-            let attempt = TaskAttempt {
-                task: *task,
-                attempt: *attempt,
-            };
-            self.open.get(&attempt).copied().unwrap_or(0) == 0
-        })
-    }
-
-    /// The first read error of a final attempt, or the first final stream that did not
-    /// reproduce what an earlier attempt delivered.
-    fn final_error(&mut self, job: JobId, finished: &FinishedJob) -> Option<DataFusionError> {
-        let mut tasks: Vec<_> = finished.attempts.iter().collect();
-        tasks.sort();
-        tasks.into_iter().find_map(|(task, attempt)| {
-            let attempt = TaskAttempt {
-                task: *task,
-                attempt: *attempt,
-            };
-            if let Some(error) = self.errors.remove(&attempt) {
-                return Some(error);
-            }
-            if self.rejected.contains(&attempt) {
-                // Rows of the attempt that made the answer were held back: never a short answer.
-                return Some(DataFusionError::Internal(format!(
-                    "job {job}: rows of {} were refused while the job ran, yet it is a final \
-                     attempt",
-                    attempt.of_job(job)
-                )));
-            }
-            let channels = self.ended.get(&attempt).cloned().unwrap_or_default();
-            channels
-                .into_iter()
-                .find_map(|channel| self.delivered.finish(job, attempt, channel).err())
-        })
+    fn superseded(&self, attempt: TaskAttempt) -> bool {
+        self.newest
+            .get(&attempt.task)
+            .is_some_and(|newest| *newest > attempt.attempt)
     }
 }
 
@@ -196,29 +158,9 @@ impl Forwarder {
     async fn run(self, mut commands: mpsc::UnboundedReceiver<OutputCommand>) {
         let mut streams: SelectAll<BoxStream<'static, Tagged>> = SelectAll::new();
         let mut reads = Reads::default();
-        let mut finished: Option<FinishedJob> = None;
         loop {
-            if let Some(done) = finished.as_ref()
-                && reads.final_streams_ended(done)
-            {
-                let result = match reads.final_error(self.job, done) {
-                    Some(error) => Err(error.context(format!(
-                        "job {}: reading the output of its final stage",
-                        self.job
-                    ))),
-                    None => Ok(()),
-                };
-                if result.is_ok()
-                    && let Some(batch) = report_batch(&self.schema, &done.reports)
-                    && self.tx.send(Ok(batch)).await.is_err()
-                {
-                    return;
-                }
-                self.end(result).await;
-                return;
-            }
             tokio::select! {
-                command = commands.recv(), if finished.is_none() => match command {
+                command = commands.recv() => match command {
                     Some(OutputCommand::Add { attempt, address, streams: ids }) => {
                         let newest = reads.newest.entry(attempt.task).or_insert(attempt.attempt);
                         *newest = (*newest).max(attempt.attempt);
@@ -233,7 +175,15 @@ impl Forwarder {
                             streams.push(tagged.boxed());
                         }
                     }
-                    Some(OutputCommand::Finish(Ok(done))) => finished = Some(done),
+                    Some(OutputCommand::Finish(Ok(reports))) => {
+                        if let Some(batch) = report_batch(&self.schema, &reports)
+                            && self.tx.send(Ok(batch)).await.is_err()
+                        {
+                            return;
+                        }
+                        self.end(Ok(())).await;
+                        return;
+                    }
                     Some(OutputCommand::Finish(Err(error))) => {
                         self.end(Err(error)).await;
                         return;
@@ -246,25 +196,34 @@ impl Forwarder {
                 Some((attempt, channel, item)) = streams.next(), if !streams.is_empty() => {
                     let batch = match item {
                         None => {
-                            if let Some(open) = reads.open.get_mut(&attempt) {
-                                *open = open.saturating_sub(1);
-                            }
+                            let open = reads.open.entry(attempt).or_insert(0);
+                            *open = open.saturating_sub(1);
+                            let all_ended = *open == 0;
                             reads.ended.entry(attempt).or_default().push(channel);
+                            if all_ended && let Err(error) = self.attempt_ended(&mut reads, attempt) {
+                                self.end(Err(error)).await;
+                                return;
+                            }
                             continue;
                         }
                         Some(Err(error)) => {
-                            // The job's own outcome explains a broken read better; keep it for
-                            // the end, where it matters only if the attempt is a final one.
-                            reads.errors.entry(attempt).or_insert(error);
+                            // A replaced attempt's broken read does not matter; the current one's
+                            // makes its region run again (its own failure, if any, explains it).
+                            if !reads.superseded(attempt) && reads.broken.insert(attempt) {
+                                let _ = self.events.send(DriverEvent::OutputUnreadable {
+                                    job: self.job,
+                                    attempt,
+                                    error,
+                                });
+                            }
                             continue;
                         }
                         Some(Ok(batch)) => batch,
                     };
-                    let superseded = reads
-                        .newest
-                        .get(&attempt.task)
-                        .is_some_and(|newest| *newest > attempt.attempt);
-                    if batch.num_rows() == 0 || superseded || reads.rejected.contains(&attempt) {
+                    if batch.num_rows() == 0
+                        || reads.superseded(attempt)
+                        || reads.rejected.contains(&attempt)
+                    {
                         continue;
                     }
                     if !reads.approved.contains(&attempt) {
@@ -295,10 +254,37 @@ impl Forwarder {
                         return; // the caller went away: the guard cancels the job
                     }
                 }
-                // Every stream ended while the job still runs: the loop re-checks and waits again.
-                else => {}
             }
         }
+    }
+
+    /// Every stream of `attempt` ended. Unless it broke, was replaced or refused, each must have
+    /// reproduced what the caller has from it (else the job fails: the result is not
+    /// deterministic); then the actor learns it was read.
+    fn attempt_ended(&self, reads: &mut Reads, attempt: TaskAttempt) -> Result<()> {
+        if reads.broken.contains(&attempt)
+            || reads.superseded(attempt)
+            || reads.rejected.contains(&attempt)
+        {
+            return Ok(());
+        }
+        let channels = reads.ended.remove(&attempt).unwrap_or_default();
+        for channel in channels {
+            reads
+                .delivered
+                .finish(self.job, attempt, channel)
+                .map_err(|error| {
+                    error.context(format!(
+                        "job {}: reading the output of its final stage",
+                        self.job
+                    ))
+                })?;
+        }
+        let _ = self.events.send(DriverEvent::OutputRead {
+            job: self.job,
+            attempt,
+        });
+        Ok(())
     }
 
     async fn approve(&self, attempt: TaskAttempt) -> bool {
@@ -311,14 +297,13 @@ impl Forwarder {
         self.events.send(event).is_ok() && answer.await.unwrap_or(false)
     }
 
+    /// Ends the caller's stream with `result`; a job that succeeded is not cancelled.
     async fn end(mut self, result: Result<()>) {
-        let ok = result.is_ok();
-        if let Err(error) = result {
-            let _ = self.tx.send(Err(error)).await;
-        }
-        if ok {
-            self.guard.armed = false;
-            let _ = self.events.send(DriverEvent::OutputDone(self.job));
+        match result {
+            Ok(()) => self.guard.armed = false,
+            Err(error) => {
+                let _ = self.tx.send(Err(error)).await;
+            }
         }
     }
 }

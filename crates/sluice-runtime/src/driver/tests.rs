@@ -186,6 +186,8 @@ impl WorkerClient for FakeWorker {
 enum Item {
     Rows(Vec<i64>),
     Error(&'static str),
+    /// Nothing more ever comes (a read from a worker that died mid-stream, until it is given up).
+    Hang,
 }
 
 /// Serves the final stage's streams from scripts, by (partition, attempt); unscripted streams end
@@ -219,9 +221,12 @@ impl StreamFetcher for FakeFetcher {
             .get(&(id.stream.partition, id.stream.attempt))
             .cloned()
             .unwrap_or_default();
-        let batches = stream::iter(items).map(|item| match item {
-            Item::Rows(values) => Ok(batch(&values)),
-            Item::Error(message) => Err(crate::error::transport_error(message)),
+        let batches = stream::iter(items).flat_map(|item| match item {
+            Item::Rows(values) => stream::once(async move { Ok(batch(&values)) }).boxed(),
+            Item::Error(message) => {
+                stream::once(async move { Err(crate::error::transport_error(message)) }).boxed()
+            }
+            Item::Hang => stream::pending().boxed(),
         });
         Box::pin(RecordBatchStreamAdapter::new(schema, batches))
     }
@@ -724,6 +729,125 @@ async fn a_lost_worker_holding_blocking_outputs_makes_them_again_before_their_re
         victim.partition
     );
     assert!(notices.contains(&lineage), "{notices:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_final_output_that_cannot_be_read_runs_its_task_again_and_the_output_resumes() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    // Final task 0's first attempt delivers 1, then its stream breaks after it succeeded.
+    h.fetcher.script(
+        0,
+        0,
+        vec![Item::Rows(vec![1]), Item::Error("tcp connect error")],
+    );
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![1, 5])]);
+    h.fetcher.script(1, 0, vec![Item::Rows(vec![2])]);
+    let output = h.run(graph(OutputMode::Blocking));
+    settle().await;
+    for producer in [key(1, 0, 0, 0), key(1, 0, 1, 0)] {
+        h.succeed(w, producer, 1);
+    }
+    settle().await;
+    for reader in [key(1, 1, 0, 0), key(1, 1, 1, 0)] {
+        h.succeed(w, reader, 1);
+    }
+    settle().await;
+    // Every task succeeded, yet the job runs final task 0 again instead of ending short.
+    assert!(!output.is_finished());
+    assert_eq!(
+        worker.runs().last(),
+        Some(&key(1, 1, 0, 1)),
+        "{:?}",
+        worker.runs()
+    );
+    h.succeed(w, key(1, 1, 0, 1), 1);
+    assert_eq!(output.await.unwrap().unwrap(), [1, 2, 5]);
+    let notices = h.driver.take_notices().await.unwrap();
+    assert_eq!(
+        notices,
+        [
+            "job 1: retrying region 2 (attempt 2; 1 of 4 failures allowed so far): stage 1 \
+             partition 0 failed on worker 1 (fake:worker): External error: the job output could \
+             not read its output: tcp connect error",
+            "job 1 stage 1 partition 0 attempt 1 resumed its output after the 1 rows already \
+             delivered from channel 0 (checked: the same rows)"
+        ]
+    );
+    assert_eq!(h.snapshot().await.scheduler_jobs, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_lost_after_its_final_task_succeeded_runs_it_again_before_the_output_ends() {
+    let h = Harness::new(DriverOptions {
+        heartbeat_timeout: Duration::from_secs(2),
+        ..DriverOptions::default()
+    });
+    let (w1, one) = h.worker_at("fake:one", 4, Liveness::Heartbeats).await;
+    let (w2, two) = h.worker_at("fake:two", 4, Liveness::Heartbeats).await;
+    // Final task 0's first attempt is being read (1 delivered) when its worker falls silent.
+    h.fetcher
+        .script(0, 0, vec![Item::Rows(vec![1]), Item::Hang]);
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![1, 5])]);
+    h.fetcher.script(1, 0, vec![Item::Rows(vec![2])]);
+    let output = h.run(graph(OutputMode::Blocking));
+    settle().await;
+    let on = |key: AttemptKey| if one.runs().contains(&key) { w1 } else { w2 };
+    for producer in [key(1, 0, 0, 0), key(1, 0, 1, 0)] {
+        h.succeed(on(producer), producer, 1);
+    }
+    settle().await;
+    for reader in [key(1, 1, 0, 0), key(1, 1, 1, 0)] {
+        h.succeed(on(reader), reader, 1);
+    }
+    settle().await;
+    assert!(
+        !output.is_finished(),
+        "final task 0's output is still being read"
+    );
+    let (victim, survivor, survivor_id) = if on(key(1, 1, 0, 0)) == w1 {
+        (w1, two.clone(), w2)
+    } else {
+        (w2, one.clone(), w1)
+    };
+    // The victim falls silent; the survivor keeps beating and runs what is made again (the
+    // final task, after any stage-0 output it reads that went with the victim).
+    let mut reported = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.driver.handle().heartbeat(survivor_id).unwrap();
+        settle().await;
+        for run in survivor.runs() {
+            if run.attempt > 0 && !reported.contains(&run) {
+                h.succeed(survivor_id, run, 1);
+                reported.push(run);
+            }
+        }
+    }
+    assert!(reported.contains(&key(1, 1, 0, 1)), "{reported:?}");
+    assert_eq!(output.await.unwrap().unwrap(), [1, 2, 5]);
+    let notices = h.driver.take_notices().await.unwrap();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.starts_with(&format!("worker {} (fake:", victim.0))),
+        "{notices:?}"
+    );
+    assert!(
+        notices.iter().any(|n| n.starts_with("job 1: outputs of ")
+            && n.contains("region 2")
+            && n.ends_with("were lost with their worker; running them again")
+            || n == "job 1: outputs of region 2 were lost with their worker; running it again"),
+        "{notices:?}"
+    );
+    assert!(
+        notices.contains(
+            &"job 1 stage 1 partition 0 attempt 1 resumed its output after the 1 rows already \
+              delivered from channel 0 (checked: the same rows)"
+                .to_string()
+        ),
+        "{notices:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -71,6 +71,25 @@ fn started(actions: &[SchedulerAction]) -> Vec<Vec<TaskAttempt>> {
         .collect()
 }
 
+/// The job output read every stream of each of `attempts`.
+fn read(
+    scheduler: &mut JobScheduler,
+    job: JobId,
+    attempts: &[TaskAttempt],
+) -> Vec<SchedulerAction> {
+    attempts
+        .iter()
+        .flat_map(|a| scheduler.output_read(job, *a))
+        .collect()
+}
+
+fn job_done(job: JobId) -> [SchedulerAction; 2] {
+    [
+        SchedulerAction::JobSucceeded { job },
+        SchedulerAction::CleanUpJob { job },
+    ]
+}
+
 fn failure(actions: &[SchedulerAction]) -> Option<JobFailure> {
     actions.iter().find_map(|a| match a {
         SchedulerAction::JobFailed { failure, .. } => Some(failure.clone()),
@@ -79,7 +98,7 @@ fn failure(actions: &[SchedulerAction]) -> Option<JobFailure> {
 }
 
 #[test]
-fn a_job_runs_region_by_region_and_is_forgotten_when_done() {
+fn a_job_runs_region_by_region_and_is_forgotten_once_its_output_was_read() {
     let mut scheduler = JobScheduler::new(3);
     let (job, actions) = scheduler.accept_job(blocking_job());
     assert_eq!(job, JobId(1));
@@ -111,15 +130,27 @@ fn a_job_runs_region_by_region_and_is_forgotten_when_done() {
             task: attempt(1, 0, 0)
         }]
     );
+    // Its success is said to the output again (it adds an attempt once); the job waits for the
+    // output to read it.
     let actions = scheduler
         .task_status(job, attempt(1, 0, 0), 2, TaskStatus::Succeeded)
         .actions;
     assert_eq!(
         actions,
-        [
-            SchedulerAction::JobSucceeded { job },
-            SchedulerAction::CleanUpJob { job }
-        ]
+        [SchedulerAction::ExtendOutput {
+            job,
+            task: attempt(1, 0, 0)
+        }]
+    );
+    assert_eq!(scheduler.active_jobs(), 1);
+    // Reads of a stage that is not the final one, or of an attempt that is not current, count
+    // for nothing.
+    assert_eq!(read(&mut scheduler, job, &[attempt(0, 0, 0)]), []);
+    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 1)]), []);
+    assert_eq!(scheduler.active_jobs(), 1);
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 0)]),
+        job_done(job)
     );
     assert_eq!(scheduler.active_jobs(), 0);
     // Late reports about a forgotten job change nothing and are not accepted.
@@ -232,12 +263,27 @@ fn a_failure_in_the_middle_of_a_region_restarts_it_and_discards_the_old_outputs(
     assert_eq!(stale, StatusOutcome::default());
     for (s, p) in [(0, 0), (0, 1), (1, 0)] {
         let outcome = scheduler.task_status(job, attempt(s, p, 1), 1, TaskStatus::Succeeded);
-        assert!(outcome.accepted && outcome.actions.is_empty());
+        let extend = SchedulerAction::ExtendOutput {
+            job,
+            task: attempt(s, p, 1),
+        };
+        let expected = if s == 1 { vec![extend] } else { vec![] };
+        assert!(outcome.accepted);
+        assert_eq!(outcome.actions, expected);
     }
     let actions = scheduler
         .task_status(job, attempt(1, 1, 1), 1, TaskStatus::Succeeded)
         .actions;
-    assert!(actions.contains(&SchedulerAction::JobSucceeded { job }));
+    assert!(!actions.contains(&SchedulerAction::JobSucceeded { job }));
+    // The replaced attempt's reads count for nothing; the new attempt's end the job.
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 0), attempt(1, 1, 0)]),
+        []
+    );
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 1), attempt(1, 1, 1)]),
+        job_done(job)
+    );
 }
 
 #[test]
@@ -543,8 +589,11 @@ fn lost_outputs_a_running_region_needs_are_made_again_before_it_runs_again() {
     // Once the producer is made again, the reader runs its next attempt; the job completes.
     let ready = succeed(&mut scheduler, job, &[attempt(0, 1, 1)]);
     assert_eq!(started(&ready), [vec![attempt(1, 0, 1)]]);
-    let done = succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
-    assert!(done.contains(&SchedulerAction::JobSucceeded { job }));
+    succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 1)]),
+        job_done(job)
+    );
 }
 
 #[test]
@@ -595,20 +644,21 @@ fn a_failure_after_every_final_task_succeeded_ends_the_job_as_succeeded_without_
         scheduler.task_status(job, attempt(1, partition, 0), 2, TaskStatus::Succeeded);
     }
     scheduler.task_status(job, attempt(0, 0, 0), 2, TaskStatus::Succeeded);
+    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 0)]), []);
     // Producer 0/1's final report is lost after both readers read its end marker: the answer
-    // (and any write the final stage made) is complete, so nothing runs again.
+    // (and any write the final stage made) is complete, so nothing runs again; the job ends
+    // once the output read the other final task.
     let actions = scheduler.task_lost(
         job,
         attempt(0, 1, 0),
         RemoteError::new(ErrorKind::Transport, "worker 2 does not know it"),
         WorkerLoss::Forgotten,
     );
+    assert_eq!(actions, []);
+    assert_eq!(scheduler.active_jobs(), 1);
     assert_eq!(
-        actions,
-        [
-            SchedulerAction::JobSucceeded { job },
-            SchedulerAction::CleanUpJob { job }
-        ]
+        read(&mut scheduler, job, &[attempt(1, 1, 0)]),
+        job_done(job)
     );
     assert_eq!(scheduler.active_jobs(), 0);
 }
@@ -648,13 +698,135 @@ fn a_failure_after_the_final_tasks_succeeded_stops_the_attempts_still_running() 
         .actions;
     assert_eq!(
         actions,
+        [SchedulerAction::StopTasks {
+            job,
+            tasks: vec![attempt(0, 1, 0)]
+        }]
+    );
+    // The stopped attempt's cancellation changes nothing; the reads end the job.
+    let stale = scheduler.task_status(job, attempt(0, 1, 0), 3, TaskStatus::Canceled);
+    assert_eq!(stale, StatusOutcome::default());
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 0), attempt(1, 1, 0)]),
+        job_done(job)
+    );
+}
+
+#[test]
+fn a_final_output_lost_before_it_was_read_is_made_again_with_the_inputs_it_lost_before() {
+    let mut scheduler = JobScheduler::new(2);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    succeed(&mut scheduler, job, &[attempt(1, 0, 0)]);
+    // A worker holding stage 0 partition 1's output dies: nobody needs it any more.
+    assert_eq!(scheduler.outputs_lost(job, &[task(0, 1)]), []);
+    // The worker holding the final task's unread output dies: it is made again, after the
+    // input it reads that went earlier, uncharged.
+    let actions = scheduler.outputs_lost(job, &[task(1, 0)]);
+    assert_eq!(
+        actions,
         [
-            SchedulerAction::StopTasks {
+            SchedulerAction::RegionsRerun {
                 job,
-                tasks: vec![attempt(0, 1, 0)]
+                producers: vec![RegionId(1), RegionId(2)],
+                readers: vec![],
             },
-            SchedulerAction::JobSucceeded { job },
-            SchedulerAction::CleanUpJob { job }
+            SchedulerAction::RunRegion {
+                job,
+                region: RegionId(1),
+                tasks: vec![attempt(0, 1, 1)],
+            },
         ]
     );
+    // The lost attempt's late read counts for nothing.
+    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 0)]), []);
+    let ready = succeed(&mut scheduler, job, &[attempt(0, 1, 1)]);
+    assert_eq!(started(&ready), [vec![attempt(1, 0, 1)]]);
+    succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 1)]),
+        job_done(job)
+    );
+}
+
+#[test]
+fn a_lost_final_output_of_a_running_region_retries_it_unless_it_was_read() {
+    let mut scheduler = JobScheduler::new(1);
+    let (job, _) = scheduler.accept_job(pipelined_job());
+    succeed(&mut scheduler, job, &[attempt(1, 0, 0), attempt(1, 1, 0)]);
+    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 0)]), []);
+    // Read already: losing it changes nothing.
+    assert_eq!(scheduler.outputs_lost(job, &[task(1, 0)]), []);
+    // Not read yet while its producers still run: the region runs again, uncharged (one attempt
+    // allowed, yet no failure).
+    let actions = scheduler.outputs_lost(job, &[task(1, 1)]);
+    assert_eq!(failure(&actions), None);
+    assert!(matches!(
+        &actions[1],
+        SchedulerAction::DiscardOutputs { tasks, .. } if tasks.len() == 4
+    ));
+    assert!(matches!(
+        &actions[2],
+        SchedulerAction::RegionRetried { failures: 0, next_attempt: 1, failed, .. }
+            if *failed == attempt(1, 1, 0)
+    ));
+    assert_eq!(
+        started(&actions),
+        [vec![
+            attempt(0, 0, 1),
+            attempt(0, 1, 1),
+            attempt(1, 0, 1),
+            attempt(1, 1, 1)
+        ]]
+    );
+}
+
+#[test]
+fn an_unreadable_final_output_runs_its_region_again_until_the_job_fails() {
+    let mut scheduler = JobScheduler::new(2);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    // A broken read of a running final task waits for its report: it could still fail.
+    let broken = || RemoteError::new(ErrorKind::Transport, "tcp connect error");
+    assert_eq!(
+        scheduler.output_unreadable(job, attempt(1, 0, 0), broken()),
+        []
+    );
+    // It succeeds: its region runs again, charged, its output discarded.
+    let actions = succeed(&mut scheduler, job, &[attempt(1, 0, 0)]);
+    assert_eq!(
+        actions[1],
+        SchedulerAction::DiscardOutputs {
+            job,
+            tasks: vec![attempt(1, 0, 0)]
+        }
+    );
+    assert!(matches!(
+        &actions[2],
+        SchedulerAction::RegionRetried {
+            failures: 1,
+            next_attempt: 1,
+            ..
+        }
+    ));
+    assert_eq!(started(&actions), [vec![attempt(1, 0, 1)]]);
+    // A stale attempt's broken read changes nothing.
+    assert_eq!(
+        scheduler.output_unreadable(job, attempt(1, 0, 0), broken()),
+        []
+    );
+    // The next attempt succeeded and cannot be read either: two failures, the job fails.
+    succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    let actions = scheduler.output_unreadable(job, attempt(1, 0, 1), broken());
+    let failure = failure(&actions).expect("the job fails");
+    assert_eq!(failure.task, attempt(1, 0, 1));
+    assert_eq!(failure.attempts, 2);
+    assert_eq!(
+        failure.history,
+        [
+            "attempt 0: stage 1 partition 0: tcp connect error",
+            "attempt 1: stage 1 partition 0: tcp connect error"
+        ]
+    );
+    assert_eq!(scheduler.active_jobs(), 0);
 }

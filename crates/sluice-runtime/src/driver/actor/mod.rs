@@ -33,9 +33,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::history::JobHistory;
-use super::job::{JobEntry, JobPhase};
+use super::job::JobEntry;
 use super::journal::{Journal, Transition};
-use super::output::{FinishedJob, OutputCommand};
+use super::output::OutputCommand;
 use super::placement::Location;
 use super::registry::WorkerRegistry;
 use super::shipping::{ship_stages, shipped_settings};
@@ -170,11 +170,7 @@ impl DriverActor {
                 let _ = reply.send(self.cancel_on_request(job, &why));
             }
             DriverEvent::Cancel(job) => {
-                if self
-                    .jobs
-                    .get(&job)
-                    .is_some_and(|entry| entry.phase == JobPhase::Running)
-                {
+                if self.jobs.contains_key(&job) {
                     self.record(Transition::JobEnded {
                         job,
                         state: JobState::Cancelled,
@@ -188,30 +184,19 @@ impl DriverActor {
                 attempt,
                 reply,
             } => {
-                let approved = self.scheduler.approve_output(job, attempt)
-                    || self.jobs.get(&job).is_some_and(|entry| {
-                        matches!(entry.phase, JobPhase::Succeeded { .. })
-                            && entry.announced.get(&attempt.task) == Some(&attempt.attempt)
-                    });
-                let _ = reply.send(approved);
+                let _ = reply.send(self.scheduler.approve_output(job, attempt));
             }
-            DriverEvent::OutputDone(job) => {
-                let clean = match self.jobs.get_mut(&job) {
-                    Some(entry) => match &mut entry.phase {
-                        JobPhase::Succeeded {
-                            output_done,
-                            cleanup_pending,
-                        } => {
-                            *output_done = true;
-                            *cleanup_pending
-                        }
-                        JobPhase::Running => false,
-                    },
-                    None => false,
-                };
-                if clean {
-                    self.clean_up(job);
-                }
+            DriverEvent::OutputRead { job, attempt } => {
+                let actions = self.scheduler.output_read(job, attempt);
+                self.perform(actions);
+            }
+            DriverEvent::OutputUnreadable {
+                job,
+                attempt,
+                error,
+            } => {
+                let why = crate::error::RemoteError::of(&error).message;
+                self.output_unreadable(job, attempt, &why);
             }
             DriverEvent::RunTaskFailed {
                 job,
@@ -259,7 +244,6 @@ impl DriverActor {
         let mut jobs: Vec<JobProgress> = self
             .jobs
             .iter()
-            .filter(|(_, entry)| entry.phase == JobPhase::Running)
             .map(|(job, entry)| {
                 entry.progress(*job, |stage| {
                     self.registry
@@ -276,11 +260,7 @@ impl DriverActor {
     /// Cancels running job `job` because `why` asked: its output ends with a `Cancelled` error,
     /// then it is cancelled as when its caller goes away. Whether it was running.
     fn cancel_on_request(&mut self, job: JobId, why: &str) -> bool {
-        let Some(entry) = self
-            .jobs
-            .get(&job)
-            .filter(|entry| entry.phase == JobPhase::Running)
-        else {
+        let Some(entry) = self.jobs.get(&job) else {
             return false;
         };
         let message = format!("job {job} was cancelled ({why})");
@@ -298,11 +278,7 @@ impl DriverActor {
     /// Fails running job `job` for `why` (an internal error naming the job), then stops it as a
     /// cancel does.
     pub(super) fn fail_running_job(&mut self, job: JobId, why: &str) {
-        if !self
-            .jobs
-            .get(&job)
-            .is_some_and(|entry| entry.phase == JobPhase::Running)
-        {
+        if !self.jobs.contains_key(&job) {
             return;
         }
         let error = DataFusionError::Internal(format!("job {job}: {why}"));
@@ -443,24 +419,12 @@ impl DriverActor {
                 }),
                 SchedulerAction::ExtendOutput { job, task } => self.extend_output(job, task),
                 SchedulerAction::JobSucceeded { job } => {
-                    if let Some(task) = self.announce_final_attempts(job) {
-                        let error = DataFusionError::Internal(format!(
-                            "job {job}: its final task {task} has no succeeded attempt whose \
-                             output the job output reads"
-                        ));
-                        self.end_job(job, JobState::Failed, error);
-                        continue;
-                    }
                     self.record(Transition::JobEnded {
                         job,
                         state: JobState::Succeeded,
                         error: None,
                     });
-                    if let Some(entry) = self.jobs.get_mut(&job) {
-                        entry.phase = JobPhase::Succeeded {
-                            output_done: false,
-                            cleanup_pending: false,
-                        };
+                    if let Some(entry) = self.jobs.get(&job) {
                         let reports = if entry.analyze {
                             stage_reports(
                                 &entry.graph,
@@ -470,35 +434,15 @@ impl DriverActor {
                         } else {
                             Vec::new()
                         };
-                        let finished = FinishedJob {
-                            reports,
-                            attempts: entry.announced.clone(),
-                        };
-                        let _ = entry.output.send(OutputCommand::Finish(Ok(finished)));
+                        let _ = entry.output.send(OutputCommand::Finish(Ok(reports)));
                     }
                 }
                 SchedulerAction::JobFailed { job, failure } => {
                     let error = self.job_error(job, &failure);
                     self.end_job(job, JobState::Failed, error);
                 }
-                SchedulerAction::CleanUpJob { job } => {
-                    let deferred =
-                        self.jobs
-                            .get_mut(&job)
-                            .is_some_and(|entry| match &mut entry.phase {
-                                JobPhase::Succeeded {
-                                    output_done: false,
-                                    cleanup_pending,
-                                } => {
-                                    *cleanup_pending = true;
-                                    true
-                                }
-                                _ => false,
-                            });
-                    if !deferred {
-                        self.clean_up(job);
-                    }
-                }
+                // The scheduler ends a job only once its output was read (or it failed).
+                SchedulerAction::CleanUpJob { job } => self.clean_up(job),
             }
         }
         if started {

@@ -1,6 +1,6 @@
 //! What the actor does with a task attempt's reports: the status a worker sent (a read that could
 //! not reach its peer first), a `RunTask` that failed, a succeeded attempt's releases, and the
-//! final stage's streams announced to the job output.
+//! final stage's streams announced to the job output (or found unreadable).
 
 use sluice_planner::{JobId, TaskAttempt, TaskId};
 
@@ -10,7 +10,7 @@ use crate::driver::attempts::TaskRecordState;
 use crate::driver::journal::Transition;
 use crate::driver::output::OutputCommand;
 use crate::driver::placement::Location;
-use crate::error::ErrorKind;
+use crate::error::{ErrorKind, RemoteError};
 use crate::scheduler::{TaskStatus, WorkerLoss};
 use crate::transport::RunTaskError;
 
@@ -293,64 +293,32 @@ impl DriverActor {
         self.place_waiting();
     }
 
-    /// At the job's success: every final-stage task's succeeded attempt is announced to the job
-    /// output (normally done at its `Running` report; a success that reached the scheduler without
-    /// one is announced here, so the output never ends without reading it). The first final task
-    /// whose succeeded attempt is still not the one announced (nothing, or an earlier attempt, is
-    /// read for it), if any.
-    pub(super) fn announce_final_attempts(&mut self, job: JobId) -> Option<TaskId> {
-        let entry = self.jobs.get(&job)?;
-        let stage = entry.graph.final_stage();
-        let tasks: Vec<TaskId> = (0..entry.graph.stage(stage).map_or(0, |s| s.partitions()))
-            .map(|partition| TaskId { stage, partition })
-            .collect();
-        let unannounced: Vec<TaskAttempt> = tasks
-            .iter()
-            .filter_map(|task| {
-                let attempt = *entry.succeeded.get(task)?;
-                (entry.announced.get(task) != Some(&attempt)).then_some(TaskAttempt {
-                    task: *task,
-                    attempt,
-                })
-            })
-            .collect();
-        for attempt in unannounced {
-            tracing::warn!(
-                target: "sluice::driver",
-                job = job.0,
-                "{} attempt {} succeeded before its output was announced; reading it now",
-                attempt.task,
-                attempt.attempt
-            );
-            self.extend_output(job, attempt);
-        }
-        // Announcing can do nothing (the attempt's worker has no address any more): a final task
-        // whose announced attempt is not its succeeded one (none, or an earlier attempt) has
-        // nothing right to read.
-        let entry = self.jobs.get(&job)?;
-        tasks
-            .into_iter()
-            .find(|task| entry.announced.get(task) != entry.succeeded.get(task))
-    }
-
+    /// Adds final-stage attempt `attempt`'s streams to the job output (once: it is said at the
+    /// attempt's `Running` report and again at its success). An attempt whose worker has no address
+    /// any more cannot be read: the scheduler runs its region again.
     pub(super) fn extend_output(&mut self, job: JobId, attempt: TaskAttempt) {
         let Some(entry) = self.jobs.get(&job) else {
             return;
         };
-        let Some(location) = entry.placed.get(&attempt).copied() else {
+        if entry.announced.get(&attempt.task) == Some(&attempt.attempt) {
             return;
-        };
+        }
         let channels = entry
             .graph
             .stage(attempt.task.stage)
             .map_or(1, |s| s.distribution.channels());
+        let address = entry
+            .placed
+            .get(&attempt)
+            .and_then(|location| self.registry.address_of(*location));
+        let Some(address) = address else {
+            self.output_unreadable(job, attempt, "its worker is gone");
+            return;
+        };
         let key = attempt.of_job(job);
         let streams = (0..channels)
             .map(|channel| key.stream(channel).replica(0))
             .collect();
-        let Some(address) = self.registry.address_of(location) else {
-            return;
-        };
         if let Some(entry) = self.jobs.get_mut(&job) {
             entry.announced.insert(attempt.task, attempt.attempt);
             let _ = entry.output.send(OutputCommand::Add {
@@ -359,5 +327,16 @@ impl DriverActor {
                 streams,
             });
         }
+    }
+
+    /// The job output cannot read final-stage attempt `attempt`'s output (`why`): the scheduler
+    /// runs its region again once the attempt succeeded (charged as a failure).
+    pub(super) fn output_unreadable(&mut self, job: JobId, attempt: TaskAttempt, why: &str) {
+        let error = RemoteError::new(
+            ErrorKind::Transport,
+            format!("the job output could not read its output: {why}"),
+        );
+        let actions = self.scheduler.output_unreadable(job, attempt, error);
+        self.perform(actions);
     }
 }
