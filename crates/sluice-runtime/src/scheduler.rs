@@ -41,8 +41,9 @@
 //!   (its front end has a cheaper plan to run instead: `joins = auto`'s sort-merge fallback);
 //! - the job fails with the first real failure, never with the cancellations it caused;
 //! - once every final-stage task has succeeded, the job's answer is complete (each read its inputs
-//!   to their end markers): a later failure or loss of another task stops what still runs, never
-//!   retrying a region whose work (or write) is already delivered;
+//!   to their end markers): a later failure or loss of another task stops what still runs instead
+//!   of retrying a region whose work (or write) is done; only a final output the job output could
+//!   not read runs its region again, resuming after the rows already delivered;
 //! - the job succeeds only once the job output read every final task's current attempt to its end:
 //!   until then the job is kept, so a final output lost with its worker, or that cannot be read,
 //!   makes its region run again instead of failing the job (the job output skips what the caller
@@ -351,7 +352,7 @@ impl Job {
     /// ended only after reading every input to its end marker (or not needing the rest), so the
     /// job's answer is complete whatever the other tasks still do.
     fn final_stage_complete(&self) -> bool {
-        self.graph.stage(self.graph.final_stage()).is_some()
+        self.final_tasks().next().is_some()
             && self.final_tasks().all(|task| {
                 match self.region_of(task).and_then(|r| self.regions.get(r.0)) {
                     Some(RegionState::Succeeded { .. }) => true,
@@ -359,6 +360,45 @@ impl Job {
                     _ => false,
                 }
             })
+    }
+
+    /// The regions to make again for `seeds` (succeeded regions that must run again): the seeds,
+    /// and the regions of `lost` (succeeded regions whose outputs went with their workers, with
+    /// those lost earlier, `gone`) that a region still needs: one that has not succeeded or is
+    /// made again, transitively. The lost regions nobody needs are remembered as `gone`.
+    fn lineage(
+        &mut self,
+        seeds: BTreeSet<RegionId>,
+        mut lost: BTreeSet<RegionId>,
+    ) -> BTreeSet<RegionId> {
+        let graph = Arc::clone(&self.graph);
+        let topology = graph.topology();
+        lost.extend(
+            self.gone
+                .iter()
+                .copied()
+                .filter(|region| self.region_succeeded(*region)),
+        );
+        let mut producers = seeds;
+        loop {
+            let needed: Vec<RegionId> = lost
+                .iter()
+                .copied()
+                .filter(|region| !producers.contains(region))
+                .filter(|region| {
+                    topology
+                        .readers(*region)
+                        .any(|d| producers.contains(&d) || !self.region_succeeded(d))
+                })
+                .collect();
+            if needed.is_empty() {
+                break;
+            }
+            producers.extend(needed);
+        }
+        lost.retain(|region| !producers.contains(region));
+        self.gone = lost;
+        producers
     }
 
     /// The tasks of the final stage.
@@ -464,25 +504,17 @@ impl JobScheduler {
         let Some(state) = self.jobs.get_mut(&job) else {
             return Vec::new();
         };
-        let graph = Arc::clone(&state.graph);
-        let topology = graph.topology();
-        let dependents = |region: RegionId| topology.readers(region);
+        let final_stage = state.graph.final_stage();
         let mut lost: BTreeSet<RegionId> = tasks
             .iter()
             .filter_map(|task| state.region_of(*task))
-            .filter(|region| matches!(state.regions[region.0], RegionState::Succeeded { .. }))
+            .filter(|region| state.region_succeeded(*region))
             .collect();
-        lost.extend(
-            state
-                .gone
-                .iter()
-                .filter(|region| matches!(state.regions[region.0], RegionState::Succeeded { .. })),
-        );
         // Final outputs the job output has not read: a succeeded region holding one is made
         // again; a running one (its other tasks still run) is retried below.
-        let mut producers = BTreeSet::new();
+        let mut seeds = BTreeSet::new();
         let mut unread_running = Vec::new();
-        for task in tasks.iter().filter(|t| t.stage == graph.final_stage()) {
+        for task in tasks.iter().filter(|t| t.stage == final_stage) {
             let Some(region) = state.region_of(*task) else {
                 continue;
             };
@@ -491,7 +523,7 @@ impl JobScheduler {
             }
             match &state.regions[region.0] {
                 RegionState::Succeeded { .. } => {
-                    producers.insert(region);
+                    seeds.insert(region);
                 }
                 RegionState::Running { attempt, remaining } if !remaining.contains(task) => {
                     unread_running.push((
@@ -505,31 +537,18 @@ impl JobScheduler {
                 _ => {}
             }
         }
-        // Producers to make again: lost ones a region still needs (one that has not succeeded, or
-        // is made again), and transitively the regions those re-runs read from when their outputs
-        // went too.
-        loop {
-            let needed: Vec<RegionId> = lost
-                .iter()
-                .copied()
-                .filter(|region| !producers.contains(region))
-                .filter(|region| {
-                    dependents(*region).any(|d| {
-                        producers.contains(&d)
-                            || !matches!(state.regions[d.0], RegionState::Succeeded { .. })
-                    })
-                })
-                .collect();
-            if needed.is_empty() {
-                break;
-            }
-            producers.extend(needed);
-        }
-        lost.retain(|region| !producers.contains(region));
-        state.gone = lost;
+        lost.extend(seeds.iter().copied());
+        let producers = state.lineage(seeds, lost);
         let mut actions = Vec::new();
         if !producers.is_empty() {
-            actions.extend(self.rerun_producers(job, producers));
+            let (stops, readers) = self.rerun_producers(job, &producers);
+            actions.extend(stops);
+            actions.push(SchedulerAction::RegionsRerun {
+                job,
+                producers: producers.into_iter().collect(),
+                readers,
+            });
+            actions.extend(self.start_ready_regions(job));
         }
         for (region, attempt) in unread_running {
             let error = RemoteError::new(
@@ -541,15 +560,16 @@ impl JobScheduler {
         actions
     }
 
-    /// Makes `producers` (succeeded regions whose outputs were lost) again: the regions reading
-    /// them go back to waiting, stopping and discarding what they ran.
+    /// Sets `producers` (succeeded regions made again) waiting: the regions reading them that run
+    /// go back to waiting, stopped and their outputs discarded. The actions, and the readers that
+    /// now wait for them.
     fn rerun_producers(
         &mut self,
         job: JobId,
-        producers: BTreeSet<RegionId>,
-    ) -> Vec<SchedulerAction> {
+        producers: &BTreeSet<RegionId>,
+    ) -> (Vec<SchedulerAction>, Vec<RegionId>) {
         let Some(state) = self.jobs.get_mut(&job) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let graph = Arc::clone(&state.graph);
         let topology = graph.topology();
@@ -557,7 +577,7 @@ impl JobScheduler {
         let mut actions = Vec::new();
         // Readers: regions depending on a re-run producer that are running now go back to waiting.
         let mut readers = Vec::new();
-        for producer in &producers {
+        for producer in producers {
             for reader in dependents(*producer) {
                 if readers.contains(&reader) || producers.contains(&reader) {
                     continue;
@@ -591,16 +611,13 @@ impl JobScheduler {
                 }
             }
         }
-        for producer in &producers {
+        for producer in producers {
             state.set_region(*producer, RegionState::Waiting);
         }
-        actions.push(SchedulerAction::RegionsRerun {
-            job,
-            producers: producers.into_iter().collect(),
-            readers,
-        });
-        actions.extend(self.start_ready_regions(job));
-        actions
+        for producer in producers {
+            state.set_region(*producer, RegionState::Waiting);
+        }
+        (actions, readers)
     }
 
     /// Cancels a job: stops its running tasks and forgets it.
@@ -851,10 +868,12 @@ impl JobScheduler {
         if !matches!(state.regions[region.0], RegionState::Running { .. }) {
             return Vec::new();
         }
-        if state.final_stage_complete() {
+        let waiting = state.regions.contains(&RegionState::Waiting);
+        if state.final_stage_complete() && !waiting {
             // The answer is complete: running the region again could only repeat work already
-            // delivered (and a write's side effects). What still runs is stopped, and its region
-            // counts as done (its final tasks succeeded; the rest was not needed).
+            // done (and a write's side effects). What still runs is stopped, and its region counts
+            // as done (its final tasks succeeded; the rest was not needed); the job ends once the
+            // output read the final tasks.
             let mut running = state.running_attempts();
             running.retain(|t| *t != failed);
             for index in 0..state.regions.len() {
@@ -915,6 +934,33 @@ impl JobScheduler {
             failed.task.stage, failed.task.partition
         ));
         let retry = state.policy.retries(error.kind) && failures < max_attempts;
+        if retry && others.is_empty() && state.region_succeeded(region) {
+            // A succeeded region (its output could not be read) runs again once the inputs it
+            // reads that went with their workers are made again.
+            let mut actions = vec![
+                SchedulerAction::DiscardOutputs {
+                    job,
+                    tasks: state
+                        .region_tasks(region)
+                        .into_iter()
+                        .map(|task| TaskAttempt { task, attempt })
+                        .collect(),
+                },
+                SchedulerAction::RegionRetried {
+                    job,
+                    region,
+                    failed,
+                    error,
+                    next_attempt: state.next_attempt[region.0],
+                    failures,
+                },
+            ];
+            let producers = state.lineage(BTreeSet::from([region]), BTreeSet::new());
+            let (stops, _) = self.rerun_producers(job, &producers);
+            actions.extend(stops);
+            actions.extend(self.start_ready_regions(job));
+            return actions;
+        }
         if retry {
             let region_tasks = state.region_tasks(region);
             let mut actions = Vec::new();

@@ -20,9 +20,9 @@ pub const HISTORY_LIMIT: usize = 1000;
 /// Where a job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobState {
-    /// Its tasks run or wait.
+    /// Its tasks run or wait, or its output is still being read.
     Running,
-    /// Every task succeeded.
+    /// Every task succeeded and its output read every final task.
     Succeeded,
     /// It failed (the record's `error` says why).
     Failed,

@@ -16,7 +16,8 @@
 //! delivered rows, each retried stream skips the rows already delivered and proves it may
 //! (`resume`: an order-sensitive checksum of the skipped prefix), or the job fails saying the
 //! result is not deterministic. Once an attempt of a task is read, older attempts deliver nothing
-//! more. The forwarder tells the actor when every stream of an attempt ended (each having
+//! more; once one was read to its end, later ones are not read at all (the caller has that task's
+//! whole output), and count as read. The forwarder tells the actor when every stream of an attempt ended (each having
 //! reproduced its delivered prefix), and when one broke: the scheduler ends the job only once it
 //! read every final task's current attempt, and runs a region again whose final output could not
 //! be read (its worker died after the task succeeded), so the stream ends only after the
@@ -141,6 +142,9 @@ struct Reads {
     rejected: HashSet<TaskAttempt>,
     /// Attempts one of whose streams broke (told to the actor once).
     broken: HashSet<TaskAttempt>,
+    /// Tasks an attempt of which was read to its end: the caller has their whole output, so a
+    /// later attempt (its region ran again) is not read but counts as read at once.
+    complete: HashSet<TaskId>,
     /// The newest attempt of each task being read; older ones deliver nothing more.
     newest: HashMap<TaskId, usize>,
     delivered: DeliveredRows,
@@ -164,6 +168,13 @@ impl Forwarder {
                     Some(OutputCommand::Add { attempt, address, streams: ids }) => {
                         let newest = reads.newest.entry(attempt.task).or_insert(attempt.attempt);
                         *newest = (*newest).max(attempt.attempt);
+                        if reads.complete.contains(&attempt.task) {
+                            let _ = self.events.send(DriverEvent::OutputRead {
+                                job: self.job,
+                                attempt,
+                            });
+                            continue;
+                        }
                         for id in ids {
                             let channel = id.stream.channel;
                             let read = self.fetcher.fetch(&address, id, self.schema.clone());
@@ -280,6 +291,7 @@ impl Forwarder {
                     ))
                 })?;
         }
+        reads.complete.insert(attempt.task);
         let _ = self.events.send(DriverEvent::OutputRead {
             job: self.job,
             attempt,

@@ -149,12 +149,12 @@ impl WorkerRegistry {
     pub fn at_address(
         &self,
         address: &str,
-        except: WorkerId,
+        except: Option<WorkerId>,
         recent: Duration,
     ) -> Option<(WorkerId, bool)> {
         self.workers
             .iter()
-            .find(|(id, w)| w.registration.address == address && **id != except)
+            .find(|(id, w)| w.registration.address == address && Some(**id) != except)
             .map(|(id, w)| {
                 let beats = w.registration.liveness == Liveness::Heartbeats
                     && w.last_heartbeat.elapsed() <= recent;

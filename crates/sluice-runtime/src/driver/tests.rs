@@ -599,9 +599,13 @@ async fn a_user_error_fails_the_job_at_once_with_its_own_text() {
 async fn a_region_retried_after_it_delivered_rows_resumes_its_output_without_duplicates() {
     let h = Harness::new(in_process());
     let (w, worker) = h.worker(8, Liveness::InProcess).await;
-    // Attempt 0 of the final task for partition 0 delivers 7 and 8, then the region fails.
-    h.fetcher
-        .script(0, 0, vec![Item::Rows(vec![7]), Item::Rows(vec![8])]);
+    // Attempt 0 of the final task for partition 0 delivers 7 and 8, then the region fails (its
+    // stream never ends).
+    h.fetcher.script(
+        0,
+        0,
+        vec![Item::Rows(vec![7]), Item::Rows(vec![8]), Item::Hang],
+    );
     // Attempt 1 reproduces them (in other batches) and goes on.
     h.fetcher.script(0, 1, vec![Item::Rows(vec![7, 8, 9])]);
     h.fetcher.script(1, 1, vec![Item::Rows(vec![20])]);
@@ -629,10 +633,34 @@ async fn a_region_retried_after_it_delivered_rows_resumes_its_output_without_dup
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_final_task_read_to_its_end_is_not_read_again_when_its_region_runs_again() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(8, Liveness::InProcess).await;
+    // Final task 0's first attempt is read to its end; its region then fails elsewhere. Its
+    // second attempt returns the rows in another order: read, it would fail the job as not
+    // deterministic, but the caller has the task's whole output already.
+    h.fetcher.script(0, 0, vec![Item::Rows(vec![7, 8])]);
+    h.fetcher.script(0, 1, vec![Item::Rows(vec![8, 7])]);
+    h.fetcher.script(1, 1, vec![Item::Rows(vec![20])]);
+    let output = h.run(graph(OutputMode::Pipelined));
+    settle().await;
+    h.report(w, key(1, 1, 0, 0), 1, TaskState::Running);
+    settle().await;
+    h.report(w, key(1, 0, 1, 0), 2, transport("disk gone"));
+    settle().await;
+    assert_eq!(worker.runs(), [region(1, 0), region(1, 1)].concat());
+    for attempt in region(1, 1) {
+        h.succeed(w, attempt, 1);
+    }
+    assert_eq!(output.await.unwrap().unwrap(), [7, 8, 20]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_retry_that_does_not_reproduce_the_delivered_rows_fails_the_job_saying_why() {
     let h = Harness::new(in_process());
     let (w, _worker) = h.worker(8, Liveness::InProcess).await;
-    h.fetcher.script(0, 0, vec![Item::Rows(vec![7, 8])]);
+    h.fetcher
+        .script(0, 0, vec![Item::Rows(vec![7, 8]), Item::Hang]);
     h.fetcher.script(0, 1, vec![Item::Rows(vec![8, 7, 9])]);
     let output = h.run(graph(OutputMode::Pipelined));
     settle().await;

@@ -143,11 +143,6 @@ fn a_job_runs_region_by_region_and_is_forgotten_once_its_output_was_read() {
         }]
     );
     assert_eq!(scheduler.active_jobs(), 1);
-    // Reads of a stage that is not the final one, or of an attempt that is not current, count
-    // for nothing.
-    assert_eq!(read(&mut scheduler, job, &[attempt(0, 0, 0)]), []);
-    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 1)]), []);
-    assert_eq!(scheduler.active_jobs(), 1);
     assert_eq!(
         read(&mut scheduler, job, &[attempt(1, 0, 0)]),
         job_done(job)
@@ -275,13 +270,13 @@ fn a_failure_in_the_middle_of_a_region_restarts_it_and_discards_the_old_outputs(
         .task_status(job, attempt(1, 1, 1), 1, TaskStatus::Succeeded)
         .actions;
     assert!(!actions.contains(&SchedulerAction::JobSucceeded { job }));
-    // The replaced attempt's reads count for nothing; the new attempt's end the job.
+    // A read of the replaced attempt arriving late does not undo the new attempt's read.
     assert_eq!(
-        read(&mut scheduler, job, &[attempt(1, 0, 0), attempt(1, 1, 0)]),
+        read(&mut scheduler, job, &[attempt(1, 0, 1), attempt(1, 0, 0)]),
         []
     );
     assert_eq!(
-        read(&mut scheduler, job, &[attempt(1, 0, 1), attempt(1, 1, 1)]),
+        read(&mut scheduler, job, &[attempt(1, 1, 1)]),
         job_done(job)
     );
 }
@@ -738,8 +733,6 @@ fn a_final_output_lost_before_it_was_read_is_made_again_with_the_inputs_it_lost_
             },
         ]
     );
-    // The lost attempt's late read counts for nothing.
-    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 0)]), []);
     let ready = succeed(&mut scheduler, job, &[attempt(0, 1, 1)]);
     assert_eq!(started(&ready), [vec![attempt(1, 0, 1)]]);
     succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
@@ -810,13 +803,13 @@ fn an_unreadable_final_output_runs_its_region_again_until_the_job_fails() {
         }
     ));
     assert_eq!(started(&actions), [vec![attempt(1, 0, 1)]]);
-    // A stale attempt's broken read changes nothing.
+    succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    // A broken read of the replaced attempt, arriving late, changes nothing.
     assert_eq!(
         scheduler.output_unreadable(job, attempt(1, 0, 0), broken()),
         []
     );
-    // The next attempt succeeded and cannot be read either: two failures, the job fails.
-    succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    // The succeeded attempt cannot be read either: two failures, the job fails.
     let actions = scheduler.output_unreadable(job, attempt(1, 0, 1), broken());
     let failure = failure(&actions).expect("the job fails");
     assert_eq!(failure.task, attempt(1, 0, 1));
@@ -829,4 +822,95 @@ fn an_unreadable_final_output_runs_its_region_again_until_the_job_fails() {
         ]
     );
     assert_eq!(scheduler.active_jobs(), 0);
+}
+
+#[test]
+fn a_read_of_an_attempt_not_started_yet_does_not_count_once_it_runs() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    assert_eq!(read(&mut scheduler, job, &[attempt(1, 0, 1)]), []);
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 1, transport("disk gone"))
+        .actions;
+    assert_eq!(started(&actions), [vec![attempt(1, 0, 1)]]);
+    let actions = succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    assert_eq!(
+        actions,
+        [SchedulerAction::ExtendOutput {
+            job,
+            task: attempt(1, 0, 1)
+        }]
+    );
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 1)]),
+        job_done(job)
+    );
+}
+
+#[test]
+fn a_broken_read_of_a_task_that_then_fails_with_a_user_error_fails_the_job_with_it() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    let broken = RemoteError::new(ErrorKind::Transport, "stream broke");
+    assert_eq!(
+        scheduler.output_unreadable(job, attempt(1, 0, 0), broken),
+        []
+    );
+    let user = RemoteError::new(ErrorKind::User, "Divide by zero error");
+    let actions = scheduler
+        .task_status(job, attempt(1, 0, 0), 1, TaskStatus::Failed(user.clone()))
+        .actions;
+    let failure = failure(&actions).expect("the job fails");
+    assert_eq!((failure.task, failure.error), (attempt(1, 0, 0), user));
+    assert_eq!(started(&actions), Vec::<Vec<TaskAttempt>>::new());
+}
+
+#[test]
+fn an_unreadable_final_output_waits_for_the_inputs_it_lost_earlier() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(blocking_job());
+    succeed(&mut scheduler, job, &[attempt(0, 0, 0), attempt(0, 1, 0)]);
+    succeed(&mut scheduler, job, &[attempt(1, 0, 0)]);
+    // Stage 0 partition 0's output goes while nothing needs it.
+    assert_eq!(scheduler.outputs_lost(job, &[task(0, 0)]), []);
+    // The final output cannot be read: charged, and its region waits for stage 0 partition 0,
+    // made again first.
+    let error = RemoteError::new(ErrorKind::Transport, "stream broke");
+    let actions = scheduler.output_unreadable(job, attempt(1, 0, 0), error);
+    assert!(matches!(
+        &actions[1],
+        SchedulerAction::RegionRetried {
+            region: RegionId(2),
+            failures: 1,
+            next_attempt: 1,
+            ..
+        }
+    ));
+    assert_eq!(started(&actions), [vec![attempt(0, 0, 1)]]);
+    let ready = succeed(&mut scheduler, job, &[attempt(0, 0, 1)]);
+    assert_eq!(started(&ready), [vec![attempt(1, 0, 1)]]);
+    succeed(&mut scheduler, job, &[attempt(1, 0, 1)]);
+    assert_eq!(
+        read(&mut scheduler, job, &[attempt(1, 0, 1)]),
+        job_done(job)
+    );
+}
+
+#[test]
+fn a_job_without_final_tasks_ends_when_its_regions_succeed_and_retries_a_failure() {
+    let mut scheduler = JobScheduler::new(3);
+    let (job, _) = scheduler.accept_job(graph(vec![
+        stage(&[], 1, OutputMode::Blocking),
+        stage(&[(0, InputMode::Shuffle)], 0, OutputMode::Pipelined),
+    ]));
+    let actions = scheduler
+        .task_status(job, attempt(0, 0, 0), 1, transport("disk gone"))
+        .actions;
+    assert_eq!(started(&actions), [vec![attempt(0, 0, 1)]]);
+    assert_eq!(
+        succeed(&mut scheduler, job, &[attempt(0, 0, 1)]),
+        job_done(job)
+    );
 }

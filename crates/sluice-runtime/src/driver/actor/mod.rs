@@ -195,8 +195,13 @@ impl DriverActor {
                 attempt,
                 error,
             } => {
-                let why = crate::error::RemoteError::of(&error).message;
-                self.output_unreadable(job, attempt, &why);
+                // A worker that cannot be reached and gives no sign of life is lost first: its
+                // unread final outputs are then made again uncharged, as its other outputs are.
+                let error = crate::error::RemoteError::of(&error);
+                if let Some(peer) = error.peer.as_deref() {
+                    self.unreachable_peer(attempt.of_job(job), None, peer, &error.message);
+                }
+                self.output_unreadable(job, attempt, &error.message);
             }
             DriverEvent::RunTaskFailed {
                 job,

@@ -2,7 +2,7 @@
 //! not reach its peer first), a `RunTask` that failed, a succeeded attempt's releases, and the
 //! final stage's streams announced to the job output (or found unreadable).
 
-use sluice_planner::{JobId, TaskAttempt, TaskId};
+use sluice_planner::{AttemptKey, JobId, TaskAttempt, TaskId, WorkerId};
 
 use super::DriverActor;
 use crate::definition::{TaskState, TaskStatusReport};
@@ -37,7 +37,7 @@ impl DriverActor {
         if let TaskState::Failed(error) = &report.state
             && let Some(peer) = &error.peer
         {
-            self.unreachable_peer(&report, peer, &error.message);
+            self.unreachable_peer(report.attempt, Some(report.worker), peer, &error.message);
         }
         let key = report.attempt;
         let attempt = key.task_attempt();
@@ -119,8 +119,8 @@ impl DriverActor {
         }
     }
 
-    /// A read of `report`'s attempt from the worker at `peer` failed at the connection (after the
-    /// reader's own retries). A peer without heartbeats to go by (in-process) is lost; acting on
+    /// A read of `reader` (an attempt on `reader_worker`, or the job output on the driver: `None`)
+    /// from the worker at `peer` failed at the connection (after the reader's own retries). A peer without heartbeats to go by (in-process) is lost; acting on
     /// it first makes the read's failure a consequence of the loss, not a charge to its region. A
     /// peer that beat within the heartbeat timeout is only cut off from the reader (a partition,
     /// not a death): it keeps its slots and its outputs, and the reader's failure is retried as
@@ -128,25 +128,30 @@ impl DriverActor {
     /// retry window.)
     pub(super) fn unreachable_peer(
         &mut self,
-        report: &TaskStatusReport,
+        reader: AttemptKey,
+        reader_worker: Option<WorkerId>,
         peer: &str,
         message: &str,
     ) {
         let recent = self.options.heartbeat_timeout;
-        let Some((worker, beats)) = self.registry.at_address(peer, report.worker, recent) else {
+        let Some((worker, beats)) = self.registry.at_address(peer, reader_worker, recent) else {
             return;
         };
         let message = message.replace('\n', " ");
         if beats {
+            let reader_worker = match reader_worker {
+                Some(worker) => self.registry.name(worker),
+                None => "the driver".to_string(),
+            };
             self.record(Transition::PeerKept {
-                reader: report.attempt,
-                reader_worker: self.registry.name(report.worker),
+                reader,
+                reader_worker,
                 peer: self.registry.name(worker),
                 message: &message,
             });
             return;
         }
-        let why = format!("{} could not read from it: {message}", report.attempt);
+        let why = format!("{reader} could not read from it: {message}");
         self.worker_lost(worker, &why, WorkerLoss::CutOff);
     }
 
