@@ -155,7 +155,8 @@ pub struct RuntimeFilterUpdate {
     pub stage: StageId,
     /// The filter's index in the job graph's `runtime_filters()`.
     pub filter: usize,
-    /// The source's merged key summary (`KeySummary::encode`).
+    /// The source's merged key summary (`KeySummary::encode`); empty when none could be built:
+    /// the tasks waiting for the filter go on, keeping every row.
     pub summary: bytes::Bytes,
 }
 

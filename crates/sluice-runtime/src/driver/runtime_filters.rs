@@ -85,18 +85,19 @@ pub(super) fn apply_ready(entry: &mut JobEntry, job: JobId, finished: StageId) -
                 Some((summary, bytes))
             }
             Ok((None, note)) => {
-                applied.notes.push(note);
+                applied.updates.push((release(job, filter, index), note));
                 None
             }
             Err(e) => {
-                applied.notes.push(StageNote {
+                let note = StageNote {
                     target: filter.target,
                     text: format!(
                         "runtime filter: none from stage {}, the filter could not be built ({e}), \
                          for {}",
                         filter.source, filter.join
                     ),
-                });
+                };
+                applied.updates.push((release(job, filter, index), note));
                 None
             }
         };
@@ -110,6 +111,17 @@ pub(super) fn apply_ready(entry: &mut JobEntry, job: JobId, finished: StageId) -
             .insert(index, sent.map(|(_, bytes)| bytes));
     }
     applied
+}
+
+/// The update telling `filter`'s running target tasks (filter `index`) that none could be built:
+/// those waiting for it go on, keeping every row.
+fn release(job: JobId, filter: &RuntimeFilter, index: usize) -> RuntimeFilterUpdate {
+    RuntimeFilterUpdate {
+        job,
+        stage: filter.target,
+        filter: index,
+        summary: bytes::Bytes::new(),
+    }
 }
 
 /// The merged summary of `filter`'s source and its encoding, checked by building the predicate

@@ -1595,3 +1595,45 @@ async fn a_pipelined_filter_reaches_its_targets_running_tasks_once_its_source_fi
     assert_eq!(h.snapshot().await.scheduler_jobs, 1);
     assert!(!output.is_finished());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pipelined_filter_that_cannot_be_built_releases_the_target_tasks_waiting_for_it() {
+    let h = Harness::new(in_process());
+    let (w, worker) = h.worker(64, Liveness::InProcess).await;
+    let graph = pipelined_join_graph().await;
+    let source = graph.runtime_filters()[0].source;
+    let _output = h.run(graph.clone());
+    settle().await;
+    let sources: Vec<AttemptKey> = worker
+        .runs()
+        .into_iter()
+        .filter(|k| k.stage == source)
+        .collect();
+    assert_eq!(sources.len(), 2, "{:?}", worker.runs());
+    // One source task reports keys, the other none (its build side was too large): no filter,
+    // and the target's waiting tasks are told so at once instead of waiting out their wait.
+    for (key, summary) in [(sources[0], summary_of(&[1, 5])), (sources[1], Vec::new())] {
+        h.report(w, key, 1, TaskState::Running);
+        h.report(
+            w,
+            key,
+            2,
+            TaskState::Succeeded(TaskMetrics {
+                rows: 2,
+                elapsed_ms: 1,
+                key_summary: summary,
+                ..TaskMetrics::default()
+            }),
+        );
+    }
+    settle().await;
+    assert_eq!(
+        worker.filter_updates(),
+        [crate::definition::RuntimeFilterUpdate {
+            job: JobId(1),
+            stage: graph.runtime_filters()[0].target,
+            filter: 0,
+            summary: bytes::Bytes::new(),
+        }]
+    );
+}

@@ -203,6 +203,19 @@ impl LiveFilters {
     /// Keeps `update`'s summary for the stage's later attempts on this worker and makes it the
     /// predicate of every filter its running attempts wait with; answers how many.
     pub(crate) fn publish(&self, update: &RuntimeFilterUpdate) -> Result<usize> {
+        if update.summary.is_empty() {
+            // No filter could be built: the tasks waiting for it go on, keeping every row.
+            let board = self.lock()?;
+            let Some(stage) = board.stages.get(&(update.job, update.stage)) else {
+                return Ok(0);
+            };
+            let mut released = 0;
+            for installed in stage.installed.iter().filter(|i| i.filter == update.filter) {
+                installed.expr.mark_complete();
+                released += 1;
+            }
+            return Ok(released);
+        }
         let summary = match KeySummary::decode(&update.summary) {
             Ok(summary) => summary,
             Err(e) => {
@@ -627,6 +640,45 @@ mod tests {
                 (2, 2 * per_batch(2)),
                 (3, 2 * per_batch(3))
             ])
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_summary_releases_the_waiting_tasks_which_read_every_row() {
+        let filters = LiveFilters::default();
+        let (plan, installed) = filters.install(
+            attempt(2, 0),
+            scan(2),
+            &on_top(None),
+            &ConfigOptions::default(),
+        );
+        let [pending] = installed.pending() else {
+            panic!("one pending filter: {:?}", installed.pending());
+        };
+        let pending = Arc::clone(pending);
+        // Another stage's release reaches nothing; this stage's releases its one task.
+        assert_eq!(filters.publish(&update(5, bytes::Bytes::new())).unwrap(), 0);
+        let waited = tokio::time::timeout(Duration::from_millis(50), pending.wait_complete());
+        assert!(waited.await.is_err(), "still waiting before its release");
+        assert_eq!(filters.publish(&update(2, bytes::Bytes::new())).unwrap(), 1);
+        let waited = tokio::time::timeout(Duration::from_millis(50), pending.wait_complete());
+        assert!(waited.await.is_ok(), "complete: its task goes on");
+        assert_eq!(
+            run(plan).await,
+            BTreeMap::from([
+                (1, 2 * per_batch(1)),
+                (2, 2 * per_batch(2)),
+                (3, 2 * per_batch(3))
+            ])
+        );
+        // Nothing is kept for later attempts: their definitions say the filter was settled.
+        let board = filters.lock().unwrap();
+        assert!(
+            board
+                .stages
+                .values()
+                .all(|stage| stage.summaries.is_empty()),
+            "{board:?}"
         );
     }
 }

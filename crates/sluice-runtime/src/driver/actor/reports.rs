@@ -200,10 +200,13 @@ impl DriverActor {
                     locations.push(*location);
                 }
             }
-            note.text = match locations.len() {
-                0 => format!("{}, not sent: no task of the stage still ran", note.text),
-                1 => format!("{}, sent to the 1 worker running its tasks", note.text),
-                n => format!("{}, sent to the {n} workers running its tasks", note.text),
+            note.text = match (update.summary.is_empty(), locations.len()) {
+                (true, 0) => note.text,
+                (true, 1) => format!("{}; the 1 worker running its tasks told so", note.text),
+                (true, n) => format!("{}; the {n} workers running its tasks told so", note.text),
+                (false, 0) => format!("{}, not sent: no task of the stage still ran", note.text),
+                (false, 1) => format!("{}, sent to the 1 worker running its tasks", note.text),
+                (false, n) => format!("{}, sent to the {n} workers running its tasks", note.text),
             };
             sent_notes.push(note);
             updates.extend(locations.into_iter().map(|l| (l, update.clone())));
