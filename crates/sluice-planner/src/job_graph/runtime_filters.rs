@@ -14,9 +14,10 @@
 //! A probe side that is not another stage's output (a broadcast join probing a scan of its own
 //! stage) gets the filter above the join's probe child in the join's stage, which (with blocking
 //! exchanges) starts after B anyway. The filter goes as deep as the probe keys can be followed: through projections,
-//! filters and either side of an inner join, and on into the stages producing them where the
-//! keys reach a scan, so a semi join's few keys can filter the scans under the inner join that
-//! feeds it:
+//! filters, either side of an inner join and an aggregate's group keys, and on into the stages
+//! producing them where the keys reach a scan, so a semi join's few keys can filter the scans
+//! under the inner join that feeds it, and a decorrelated subquery's aggregate (TPC-H q17's average
+//! per part) aggregates only the rows of the parts the join keeps:
 //!
 //! ```text
 //!   stage 1 (57 keys) ─Broadcast─► stage 6: RightSemi(l = o) ◄─ Inner(o = l) ◄─ stage 4 ◄─ stage 3 (orders scan)
@@ -51,6 +52,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
@@ -156,11 +158,12 @@ struct Way<'a> {
 /// shuffled or read. It follows the keys down through nodes that neither limit nor change them:
 /// projections and filters that pass the key columns on as they are, unlimited sorts, coalescing
 /// and repartitioning, either side of an inner hash join (a row of one side whose key the build
-/// side lacks only makes joined rows with that key, which the filtered join drops too), and into a
+/// side lacks only makes joined rows with that key, which the filtered join drops too), an
+/// aggregate whose group keys they are (such a row only makes a group the join drops), and into a
 /// producer stage read by `StageInputExec` that comes after the filter's `source` (so it cannot
 /// feed it) and can take the filter (a filter delivered before the target starts needs a
 /// `Blocking` producer, which can wait; one delivered while it runs goes into any producer) when
-/// the keys lead to a scan there (a producer whose keys stop at an aggregate would wait only to
+/// the keys lead to a scan there (a producer whose keys stop at another node would wait only to
 /// filter its output), or when that producer's
 /// output is the join's probe side as it is (`direct`: only unlimited sorts between them), whose
 /// whole plan then gets the filter. It stops at any other node.
@@ -264,6 +267,23 @@ fn key_origin(node: &Arc<dyn ExecutionPlan>, columns: &[usize]) -> Option<(usize
             .map(|c| {
                 let expr = projection.expr().get(*c)?;
                 expr.expr.downcast_ref::<Column>().map(Column::index)
+            })
+            .collect::<Option<Vec<usize>>>()?;
+        return Some((0, mapped));
+    }
+    // An aggregate's group keys: a row whose key the build side lacks only makes a group with
+    // that key, which the join drops. Not with grouping sets (a row also counts in groups where
+    // the key is NULL), nor with a limit on the groups (fewer rows would change which are kept).
+    if let Some(aggregate) = node.downcast_ref::<AggregateExec>()
+        && aggregate.group_expr().is_single()
+        && aggregate.limit_options().is_none()
+    {
+        let groups = aggregate.group_expr().expr();
+        let mapped = columns
+            .iter()
+            .map(|c| {
+                let (expr, _) = groups.get(*c)?;
+                expr.downcast_ref::<Column>().map(Column::index)
             })
             .collect::<Option<Vec<usize>>>()?;
         return Some((0, mapped));
