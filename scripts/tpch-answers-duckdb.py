@@ -11,6 +11,13 @@ answers' form: a `|`-separated header line, then one line per row.
     scripts/tpch-answers-duckdb.py --sluice target/release/sluice --data /work/data/sf10 --out answers-sf10
     sluice --memory-limit 4G tpch run --data /work/data/sf10 --answers answers-sf10
 
+With `--iterations N` each query runs N times and its time is the median, and `--json FILE`
+writes those times in the form `sluice tpch run --json` does (`queries[].query`, `.median`), for
+BENCHMARKS.md's comparisons:
+
+    scripts/tpch-answers-duckdb.py --sluice target/release/sluice --data /work/data/sf1 \
+        --out /tmp/answers-sf1 --threads 2 --iterations 3 --json duckdb.json
+
 Needs only the `duckdb` package. A query DuckDB cannot run stops the script with its error.
 """
 
@@ -18,6 +25,7 @@ import argparse
 import datetime
 import decimal
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +67,8 @@ def main():
     parser.add_argument("--data", required=True, type=Path, help="a directory `sluice tpch gen` wrote")
     parser.add_argument("--out", required=True, type=Path, help="directory for q01.tbl ... q22.tbl")
     parser.add_argument("--threads", type=int, default=0, help="DuckDB threads (default: its own)")
+    parser.add_argument("--iterations", type=int, default=1, help="runs per query (median time)")
+    parser.add_argument("--json", type=Path, help="write the per-query median times here")
     args = parser.parse_args()
 
     import duckdb  # imported here so that --help works without it
@@ -77,18 +87,23 @@ def main():
             files = str(args.data / table / "*.parquet")
             db.execute(f"create view {table} as select * from read_parquet('{files}')")
         total = 0.0
+        timings = []
         for number in range(1, 23):
             text = (Path(queries) / f"q{number:02}.sql").read_text()
-            start = time.monotonic()
-            columns, rows = None, None
-            for statement in statements(text):
-                result = db.execute(statement)
-                if result.description is not None:
-                    fetched = result.fetchall()
-                    if fetched or columns is None:
-                        columns = [d[0] for d in result.description]
-                        rows = fetched
-            seconds = time.monotonic() - start
+            runs = []
+            for _ in range(max(args.iterations, 1)):
+                start = time.monotonic()
+                columns, rows = None, None
+                for statement in statements(text):
+                    result = db.execute(statement)
+                    if result.description is not None:
+                        fetched = result.fetchall()
+                        if fetched or columns is None:
+                            columns = [d[0] for d in result.description]
+                            rows = fetched
+                runs.append(time.monotonic() - start)
+            seconds = statistics.median(runs)
+            timings.append({"query": number, "median": seconds})
             total += seconds
             if columns is None:
                 sys.exit(f"q{number}: no statement returned rows")
@@ -96,6 +111,9 @@ def main():
             (args.out / f"q{number:02}.tbl").write_text("\n".join(lines) + "\n")
             print(f"q{number}: {len(rows)} rows, {seconds:.3f} s", file=sys.stderr)
         print(f"DuckDB {duckdb.__version__}, SF {scale}: total {total:.3f} s", file=sys.stderr)
+        if args.json:
+            report = {"engine": f"duckdb {duckdb.__version__}", "queries": timings}
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
