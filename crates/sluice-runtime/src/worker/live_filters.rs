@@ -178,6 +178,8 @@ impl LiveFilters {
                 .as_ref()
                 .or_else(|| stage.summaries.get(&filter.filter));
             match known {
+                // Released: no filter could be built; nothing to put in or wait for.
+                Some(bytes) if bytes.is_empty() => return Ok((plan, None)),
                 Some(bytes) => KeySummary::decode(bytes)?.predicate(&schema, &filter.columns)?,
                 None => {
                     let expr = Arc::new(empty_filter(&schema, &filter.columns)?);
@@ -204,11 +206,15 @@ impl LiveFilters {
     /// predicate of every filter its running attempts wait with; answers how many.
     pub(crate) fn publish(&self, update: &RuntimeFilterUpdate) -> Result<usize> {
         if update.summary.is_empty() {
-            // No filter could be built: the tasks waiting for it go on, keeping every row.
-            let board = self.lock()?;
-            let Some(stage) = board.stages.get(&(update.job, update.stage)) else {
+            // No filter could be built: the tasks waiting for it go on, keeping every row, and
+            // one of the stage's attempts installed after this (its `RunTask` overtaken by the
+            // update) runs without it.
+            let mut board = self.lock()?;
+            if board.forgotten.contains(&update.job) {
                 return Ok(0);
-            };
+            }
+            let stage = board.stages.entry((update.job, update.stage)).or_default();
+            stage.summaries.insert(update.filter, bytes::Bytes::new());
             let mut released = 0;
             for installed in stage.installed.iter().filter(|i| i.filter == update.filter) {
                 installed.expr.mark_complete();
@@ -671,14 +677,15 @@ mod tests {
                 (3, 2 * per_batch(3))
             ])
         );
-        // Nothing is kept for later attempts: their definitions say the filter was settled.
-        let board = filters.lock().unwrap();
-        assert!(
-            board
-                .stages
-                .values()
-                .all(|stage| stage.summaries.is_empty()),
-            "{board:?}"
+        // An attempt of the stage installed after the release (its `RunTask` overtaken by the
+        // update) runs without the filter and does not wait.
+        let (later, installed) = filters.install(
+            attempt(2, 1),
+            scan(2),
+            &on_top(None),
+            &ConfigOptions::default(),
         );
+        assert!(installed.pending().is_empty(), "nothing to wait for");
+        assert!(!text(&later).contains("DynamicFilter"), "{}", text(&later));
     }
 }
